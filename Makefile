@@ -1,0 +1,43 @@
+# One command each, on a fresh machine with python3 (3.11+) and Java 17+ on PATH.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+# Re-install only when pyproject.toml changes.
+SIG    := $(shell cksum < pyproject.toml | cut -d' ' -f1)
+
+.PHONY: setup demo test lint bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(VENV)/.core-$(SIG): | $(BIN)/python
+	$(BIN)/python -m pip install -q -e .
+	@touch $@
+
+$(VENV)/.full-$(SIG): | $(BIN)/python
+	$(BIN)/python -m pip install -q -e '.[dev,spark,bench]'
+	@touch $@ $(VENV)/.core-$(SIG)
+
+## setup: install the project with every extra into .venv
+setup: $(VENV)/.full-$(SIG)
+
+## demo: the main job on an embedded cluster
+demo: $(VENV)/.core-$(SIG)
+	$(BIN)/qclient demo
+
+## test: the whole suite (what CI runs)
+test: setup
+	$(BIN)/python -m pytest -q
+
+lint: setup
+	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/ruff format --check src tests benchmarks examples
+	$(BIN)/mypy
+
+## bench: the benchmark suite and its report (benchmarks/results/)
+bench: setup
+	$(BIN)/python -m benchmarks
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache

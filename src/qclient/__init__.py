@@ -1,0 +1,64 @@
+"""qclient: send delayed (scheduled) messages to a broker cluster, fault-tolerantly."""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from ._models import DELAY_LEVELS, Message, ReceivedMessage, SendResult, SendStatus, delay_level
+from .errors import (
+    AuthError,
+    BrokerUnavailableError,
+    BufferFullError,
+    InvalidMessageError,
+    MessageTooLargeError,
+    QClientError,
+    RouteNotFoundError,
+    SendTimeoutError,
+)
+
+if TYPE_CHECKING:
+    from .cluster import LocalCluster
+    from .consumer import Consumer
+    from .producer import AsyncProducer, Producer
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DELAY_LEVELS",
+    "AsyncProducer",
+    "AuthError",
+    "BrokerUnavailableError",
+    "BufferFullError",
+    "Consumer",
+    "InvalidMessageError",
+    "LocalCluster",
+    "Message",
+    "MessageTooLargeError",
+    "Producer",
+    "QClientError",
+    "ReceivedMessage",
+    "RouteNotFoundError",
+    "SendResult",
+    "SendStatus",
+    "SendTimeoutError",
+    "__version__",
+    "delay_level",
+]
+
+# Heavier parts load on first use, so `import qclient` (and the CLI) start fast.
+_LAZY = {
+    "Producer": ".producer",
+    "AsyncProducer": ".producer",
+    "Consumer": ".consumer",
+    "LocalCluster": ".cluster",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'qclient' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value

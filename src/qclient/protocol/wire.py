@@ -1,0 +1,300 @@
+"""Request and response bodies on the wire, shared by the SDK and the servers.
+
+Every body is a ``msgspec.Struct`` so that decoding *is* schema validation: a wrong
+type, a missing field or (where ``forbid_unknown_fields``) an unknown one fails to
+decode with a one-line message. Bodies travel as JSON (``application/json``, ``bytes``
+as base64) or MessagePack (``application/msgpack``, ``bytes`` raw). See
+``docs/PROTOCOL.md``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, TypeVar
+
+import msgspec
+
+# --- constants -------------------------------------------------------------------
+
+TOPIC_RE = re.compile(r"^[A-Za-z0-9_%|-]{1,127}$")
+GROUP_RE = TOPIC_RE
+
+PERM_READ = 4
+PERM_WRITE = 2
+PERM_READ_WRITE = PERM_READ | PERM_WRITE
+
+MASTER_ID = 0
+
+#: message flag bits
+FLAG_COMPRESSED = 1  # body is zlib-compressed; consumers inflate it
+
+JSON = "application/json"
+MSGPACK = "application/msgpack"
+
+# paths
+NAMESRV_REGISTER = "/v1/brokers/register"
+NAMESRV_UNREGISTER = "/v1/brokers/unregister"
+NAMESRV_BROKERS = "/v1/brokers"
+NAMESRV_ROUTE = "/v1/routes/{topic}"
+BROKER_SEND = "/v1/send"
+BROKER_CANCEL = "/v1/cancel"
+BROKER_PULL = "/v1/pull"
+BROKER_TOPICS = "/v1/topics"
+BROKER_STATS = "/v1/stats"
+HEALTH = "/health"
+
+
+class ErrorCode:
+    """Error codes carried in ``ErrorResponse.error.code`` and per-message results."""
+
+    INVALID_REQUEST = "INVALID_REQUEST"  # body does not decode / fails the schema
+    INVALID_TOPIC = "INVALID_TOPIC"
+    INVALID_MESSAGE = "INVALID_MESSAGE"
+    INVALID_DELAY = "INVALID_DELAY"
+    MESSAGE_TOO_LARGE = "MESSAGE_TOO_LARGE"
+    BATCH_TOO_LARGE = "BATCH_TOO_LARGE"
+    PAYLOAD_TOO_LARGE = "PAYLOAD_TOO_LARGE"
+    UNSUPPORTED_MEDIA_TYPE = "UNSUPPORTED_MEDIA_TYPE"
+    NOT_FOUND = "NOT_FOUND"  # unknown path
+    METHOD_NOT_ALLOWED = "METHOD_NOT_ALLOWED"
+    TOPIC_NOT_FOUND = "TOPIC_NOT_FOUND"
+    NOT_WRITABLE = "NOT_WRITABLE"  # read-only broker, or topic without the write perm
+    BROKER_BUSY = "BROKER_BUSY"  # back-pressure: too much pending
+    STORE_ERROR = "STORE_ERROR"  # the store could not make the message durable
+    SHUTTING_DOWN = "SHUTTING_DOWN"
+    UNAUTHORIZED = "UNAUTHORIZED"  # missing / wrong / expired / replayed signature
+    FORBIDDEN = "FORBIDDEN"  # signed, but the account may not use the topic
+    INTERNAL = "INTERNAL"
+
+
+#: Broker error codes after which a producer may safely retry on another broker.
+#: Everything else (bad input, auth) is final: retrying cannot change the answer.
+RETRYABLE_CODES = frozenset(
+    {
+        ErrorCode.BROKER_BUSY,
+        ErrorCode.NOT_WRITABLE,
+        ErrorCode.STORE_ERROR,
+        ErrorCode.SHUTTING_DOWN,
+        ErrorCode.TOPIC_NOT_FOUND,  # stale route: the topic lives on other brokers
+        ErrorCode.INTERNAL,
+    }
+)
+
+SEND_OK = "SEND_OK"
+
+
+class _Base(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    pass
+
+
+# --- errors ----------------------------------------------------------------------
+
+
+class ErrorBody(_Base):
+    code: str
+    message: str
+
+
+class ErrorResponse(_Base):
+    error: ErrorBody
+
+
+# --- name server -----------------------------------------------------------------
+
+
+class TopicConfig(_Base):
+    read_queue_nums: int = 4
+    write_queue_nums: int = 4
+    perm: int = PERM_READ_WRITE
+
+
+class BrokerRegistration(_Base):
+    """Sent by a broker at start and then as its heartbeat (RocketMQ's registerBrokerAll)."""
+
+    broker_name: str
+    addr: str
+    cluster: str = "DefaultCluster"
+    perm: int = PERM_READ_WRITE  # broker-wide; a read-only broker drops PERM_WRITE
+    auto_create_topics: bool = True
+    default_queue_nums: int = 4
+    topics: dict[str, TopicConfig] = {}
+
+
+class BrokerUnregistration(_Base):
+    broker_name: str
+    addr: str
+
+
+class RegisterResult(_Base):
+    heartbeat_interval_ms: int
+    expire_ms: int
+
+
+class QueueData(_Base):
+    broker_name: str
+    read_queue_nums: int
+    write_queue_nums: int
+    perm: int
+
+
+class BrokerData(_Base):
+    broker_name: str
+    addrs: dict[int, str]  # broker id -> address; 0 is the master
+    cluster: str = "DefaultCluster"
+
+
+class TopicRoute(_Base):
+    topic: str
+    queue_datas: list[QueueData]
+    broker_datas: list[BrokerData]
+    #: True when the topic does not exist yet and the route lists the brokers that
+    #: will create it on first send (RocketMQ's TBW102 default route).
+    auto_create: bool = False
+
+
+class BrokerInfo(_Base):
+    broker_name: str
+    addr: str
+    cluster: str
+    perm: int
+    last_heartbeat_ms: int
+    topics: list[str] = []
+
+
+class BrokerList(_Base):
+    brokers: list[BrokerInfo]
+
+
+# --- broker: send / cancel -------------------------------------------------------
+
+
+class WireMessage(_Base):
+    topic: str
+    queue_id: int
+    msg_id: str
+    body: bytes
+    key: str | None = None
+    tags: str | None = None
+    properties: dict[str, str] | None = None
+    #: relative delay, turned into a deliver time by the *broker's* clock
+    delay_ms: int | None = None
+    #: absolute deliver time (epoch ms), kept as given; neither field = now
+    deliver_at_ms: int | None = None
+    flag: int = 0
+
+
+class SendRequest(_Base):
+    messages: list[WireMessage]
+
+
+class MessageResult(_Base):
+    msg_id: str
+    status: str  # SEND_OK or an ErrorCode
+    queue_id: int = 0
+    deliver_at_ms: int = 0
+    error: str | None = None  # one-line reason when status != SEND_OK
+
+
+class SendResponse(_Base):
+    broker_name: str
+    results: list[MessageResult]
+
+
+class CancelRequest(_Base):
+    topic: str
+    msg_id: str
+    deliver_at_ms: int
+
+
+class CancelResponse(_Base):
+    cancelled: bool
+    reason: str | None = None  # "not_found", "already_fired", ...
+
+
+# --- broker: consume -------------------------------------------------------------
+
+
+class PullRequest(_Base):
+    topic: str
+    group: str
+    max_messages: int = 32
+    #: long poll: wait up to this long for a message when none is ready
+    wait_ms: int = 0
+    #: offsets to commit first: queue id -> next offset to read
+    commits: dict[int, int] = {}
+
+
+class PulledMessage(_Base):
+    msg_id: str
+    topic: str
+    body: bytes
+    queue_id: int
+    offset: int
+    deliver_at_ms: int
+    fired_at_ms: int
+    key: str | None = None
+    tags: str | None = None
+    properties: dict[str, str] | None = None
+    flag: int = 0
+
+
+class PullResponse(_Base):
+    broker_name: str
+    messages: list[PulledMessage]
+    #: queue id -> next offset after the returned messages (commit these next time)
+    next_offsets: dict[int, int] = {}
+
+
+# --- broker: admin ---------------------------------------------------------------
+
+
+class CreateTopicRequest(_Base):
+    topic: str
+    queues: int = 4
+    perm: int = PERM_READ_WRITE
+
+
+class TopicList(_Base):
+    topics: dict[str, TopicConfig]
+
+
+class Health(_Base):
+    status: str  # "ok"
+    name: str
+    role: str  # "namesrv" | "broker"
+    perm: int = PERM_READ_WRITE
+
+
+# --- codecs ----------------------------------------------------------------------
+
+T = TypeVar("T")
+
+_json_encoder = msgspec.json.Encoder()
+_msgpack_encoder = msgspec.msgpack.Encoder()
+
+
+def encode(obj: Any, content_type: str = JSON) -> bytes:
+    """Encode a wire struct as JSON or MessagePack."""
+    if content_type == MSGPACK:
+        return _msgpack_encoder.encode(obj)
+    return _json_encoder.encode(obj)
+
+
+_decoders: dict[tuple[type, str], Any] = {}
+
+
+def decode(data: bytes, typ: type[T], content_type: str = JSON) -> T:
+    """Decode and validate; raises ``msgspec.ValidationError`` / ``DecodeError``."""
+    key = (typ, MSGPACK if content_type.startswith(MSGPACK) else JSON)
+    dec = _decoders.get(key)
+    if dec is None:
+        dec = (
+            msgspec.msgpack.Decoder(typ) if key[1] == MSGPACK else msgspec.json.Decoder(typ)
+        )
+        _decoders[key] = dec
+    result: T = dec.decode(data)
+    return result
+
+
+def valid_topic(topic: str) -> bool:
+    return bool(TOPIC_RE.match(topic))

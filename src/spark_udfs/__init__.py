@@ -1,0 +1,1 @@
+"""Spark sink for qclient: the "qclient" data source and a pandas UDF (work in progress)."""
