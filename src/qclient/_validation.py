@@ -1,0 +1,121 @@
+"""Message -> ``WireMessage``: every check that can fail before the network does here."""
+
+from __future__ import annotations
+
+import math
+import time
+import zlib
+from datetime import datetime, timedelta
+from typing import Any
+
+from ._config import ProducerConfig
+from ._ids import new_msg_id
+from ._models import Message
+from .errors import InvalidMessageError, MessageTooLargeError
+from .protocol.wire import FLAG_COMPRESSED, TOPIC_RE, WireMessage
+
+__all__ = ["delay_to_ms", "deliver_at_to_ms", "message_to_wire", "to_wire"]
+
+_match_topic = TOPIC_RE.match
+
+
+def delay_to_ms(delay: Any, max_delay_ms: int) -> int:
+    """A relative delay (seconds as a number, or a timedelta) in ms, checked."""
+    if isinstance(delay, timedelta):
+        seconds = delay.total_seconds()
+    elif isinstance(delay, int | float) and not isinstance(delay, bool):
+        seconds = float(delay)
+    else:
+        raise InvalidMessageError(
+            f"delay must be seconds (float) or a timedelta, got {type(delay).__name__}")
+    if math.isnan(seconds) or seconds < 0:
+        raise InvalidMessageError(f"delay must be >= 0, got {delay!r}")
+    ms = round(seconds * 1000)
+    if ms > max_delay_ms:
+        raise InvalidMessageError(
+            f"delay {seconds:.0f}s is beyond the maximum delay of {max_delay_ms // 1000}s")
+    return ms
+
+
+def deliver_at_to_ms(deliver_at: Any, max_delay_ms: int, now_ms: int | None = None) -> int:
+    """An absolute deliver time (aware datetime, or epoch seconds) in epoch ms, checked."""
+    if isinstance(deliver_at, datetime):
+        if deliver_at.tzinfo is None or deliver_at.utcoffset() is None:
+            raise InvalidMessageError(
+                "deliver_at must be a timezone-aware datetime (naive times are ambiguous)")
+        ms = round(deliver_at.timestamp() * 1000)
+    elif isinstance(deliver_at, int | float) and not isinstance(deliver_at, bool):
+        if math.isnan(deliver_at) or math.isinf(deliver_at):
+            raise InvalidMessageError(f"deliver_at must be finite, got {deliver_at!r}")
+        ms = round(deliver_at * 1000)
+    else:
+        raise InvalidMessageError(
+            "deliver_at must be an aware datetime or epoch seconds, "
+            f"got {type(deliver_at).__name__}")
+    if ms < 0:
+        raise InvalidMessageError(f"deliver_at must not be before the epoch, got {deliver_at!r}")
+    now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
+    if ms - now > max_delay_ms:
+        raise InvalidMessageError(
+            f"deliver_at is {(ms - now) // 1000}s ahead, beyond the maximum delay of "
+            f"{max_delay_ms // 1000}s")
+    return ms
+
+
+def to_wire(cfg: ProducerConfig, topic: str, body: Any, key: str | None = None,
+            tags: str | None = None, properties: dict[str, str] | None = None,
+            delay: Any = None, deliver_at: Any = None,
+            msg_id: str | None = None) -> WireMessage:
+    """Validate one message and build its wire form (``queue_id`` is set at send time)."""
+    if not isinstance(topic, str) or _match_topic(topic) is None:
+        raise InvalidMessageError(
+            f"invalid topic {topic!r}: must match {TOPIC_RE.pattern}")
+    if isinstance(body, str):
+        data = body.encode()
+    elif isinstance(body, bytes):
+        data = body
+    elif isinstance(body, bytearray | memoryview):
+        data = bytes(body)
+    else:
+        raise InvalidMessageError(f"body must be bytes or str, got {type(body).__name__}")
+    size = len(data)
+    if size > cfg.max_message_size:
+        raise MessageTooLargeError(
+            f"body of {size} bytes exceeds max_message_size={cfg.max_message_size}")
+    delay_ms = deliver_at_ms = None
+    if delay is not None:
+        if deliver_at is not None:
+            raise InvalidMessageError("give at most one of delay and deliver_at")
+        delay_ms = delay_to_ms(delay, cfg.max_delay_ms)
+    elif deliver_at is not None:
+        deliver_at_ms = deliver_at_to_ms(deliver_at, cfg.max_delay_ms)
+    if key is not None and not isinstance(key, str):
+        raise InvalidMessageError(f"key must be a str, got {type(key).__name__}")
+    if tags is not None and not isinstance(tags, str):
+        raise InvalidMessageError(f"tags must be a str, got {type(tags).__name__}")
+    if properties is not None:
+        if not isinstance(properties, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in properties.items()):
+            raise InvalidMessageError("properties must be a dict of str to str")
+        properties = dict(properties) or None
+    if msg_id is None:
+        msg_id = new_msg_id()
+    elif not isinstance(msg_id, str) or not msg_id or len(msg_id) > 128:
+        raise InvalidMessageError(f"msg_id must be a non-empty str of <= 128 chars: {msg_id!r}")
+    flag = 0
+    if cfg.compress_threshold and size > cfg.compress_threshold:
+        packed = zlib.compress(data, cfg.compress_level)
+        if len(packed) < size:  # incompressible bodies travel as they are
+            data = packed
+            flag = FLAG_COMPRESSED
+    return WireMessage(topic=topic, queue_id=0, msg_id=msg_id, body=data, key=key, tags=tags,
+                       properties=properties, delay_ms=delay_ms, deliver_at_ms=deliver_at_ms,
+                       flag=flag)
+
+
+def message_to_wire(cfg: ProducerConfig, message: Message) -> WireMessage:
+    """``to_wire`` for a ``Message`` object."""
+    if not isinstance(message, Message):
+        raise InvalidMessageError(f"expected a Message, got {type(message).__name__}")
+    return to_wire(cfg, message.topic, message.body, message.key, message.tags,
+                   message.properties, message.delay, message.deliver_at, message.msg_id)

@@ -1,0 +1,94 @@
+"""The producer's route cache: fresh routes in a TTL cache, the last good ones as fallback."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from cachetools import TTLCache
+
+from ..protocol.wire import TopicRoute
+from .publish_info import TopicPublishInfo
+
+__all__ = ["RouteCache"]
+
+log = logging.getLogger(__name__)
+
+
+class RouteCache:
+    """Routes by topic.
+
+    A route is *fresh* for ``refresh_interval`` seconds (a cachetools ``TTLCache``);
+    after that, or after ``mark_stale`` (a send failed), it is still served from the
+    last-good table while a refresh is due. Only a topic never resolved has no route;
+    so when every name server is down, sends go on with the last good route.
+    """
+
+    def __init__(self, refresh_interval: float, index_factory: Callable[[], Any],
+                 *, maxsize: int = 4096, timer: Callable[[], float] = time.monotonic) -> None:
+        self.refresh_interval = refresh_interval
+        self._index_factory = index_factory
+        self._timer = timer
+        self._fresh: TTLCache[str, TopicPublishInfo] = TTLCache(maxsize, refresh_interval,
+                                                                 timer=timer)
+        self._last_good: dict[str, TopicPublishInfo] = {}
+        self._addrs: dict[str, str] = {}
+        self._lock = threading.Lock()
+        self._on_stale: Callable[[str], None] | None = None
+
+    def set_on_stale(self, callback: Callable[[str], None] | None) -> None:
+        """Called (outside the lock) when a served route is due for a refresh."""
+        self._on_stale = callback
+
+    def get(self, topic: str) -> tuple[TopicPublishInfo | None, bool]:
+        """``(info, fresh)``: the best route known for ``topic`` and whether it is fresh."""
+        with self._lock:
+            info = self._fresh.get(topic)
+            if info is not None:
+                return info, True
+            info = self._last_good.get(topic)
+        if info is not None and self._on_stale is not None:
+            self._on_stale(topic)
+        return info, False
+
+    def put(self, topic: str, route: TopicRoute) -> TopicPublishInfo:
+        """Store a freshly fetched route; keeps the topic's round-robin counter."""
+        with self._lock:
+            old = self._last_good.get(topic)
+            index = old.index if old is not None else self._index_factory()
+            info = TopicPublishInfo.from_route(topic, route, index=index)
+            if old is not None and [q for q in old.queues] != [q for q in info.queues]:
+                log.info("route of %s changed: %d -> %d queues on %s", topic, len(old.queues),
+                         len(info.queues), info.brokers)
+            self._fresh[topic] = info
+            self._last_good[topic] = info
+            self._rebuild_addrs()
+        return info
+
+    def mark_stale(self, topic: str) -> None:
+        """Forget freshness (after a send failure) so the next lookup triggers a refresh."""
+        with self._lock:
+            self._fresh.pop(topic, None)
+
+    def stale_topics(self) -> list[str]:
+        """Known topics whose route is due for a refresh."""
+        with self._lock:
+            self._fresh.expire()
+            return [t for t in self._last_good if t not in self._fresh]
+
+    def topics(self) -> list[str]:
+        with self._lock:
+            return list(self._last_good)
+
+    def resolve(self, broker_name: str) -> str | None:
+        """Master address of a broker in any current route; None if it left every route."""
+        return self._addrs.get(broker_name)
+
+    def _rebuild_addrs(self) -> None:
+        addrs: dict[str, str] = {}
+        for info in self._last_good.values():
+            addrs.update(info.broker_addrs)
+        self._addrs = addrs  # replaced whole: readers without the lock see old or new

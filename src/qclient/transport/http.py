@@ -1,0 +1,117 @@
+"""httpx calls to brokers and name servers, sync and asyncio, with request signing."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import httpx
+
+from ..protocol import auth
+from ..protocol.wire import JSON, MSGPACK
+
+__all__ = ["AsyncHttp", "Credentials", "HttpResponse", "SyncHttp", "base_url"]
+
+log = logging.getLogger(__name__)
+
+
+def base_url(addr: str) -> str:
+    """``host:port`` (or a full ``http(s)://`` URL) -> the URL prefix of that server."""
+    if addr.startswith(("http://", "https://")):
+        return addr.rstrip("/")
+    return f"http://{addr}"
+
+
+@dataclass(frozen=True, slots=True)
+class Credentials:
+    """An access key pair; the secret never shows in reprs."""
+
+    access_key: str
+    secret_key: str
+
+    def __repr__(self) -> str:
+        return f"Credentials(access_key={self.access_key!r}, secret_key=***)"
+
+    def headers(self, method: str, path: str, body: bytes) -> dict[str, str]:
+        return auth.sign_headers(self.access_key, self.secret_key, method, path, body)
+
+
+@dataclass(frozen=True, slots=True)
+class HttpResponse:
+    """What the SDK needs of an HTTP response."""
+
+    status: int
+    content_type: str
+    content: bytes
+
+    @property
+    def media_type(self) -> str:
+        return MSGPACK if self.content_type.startswith(MSGPACK) else JSON
+
+
+def _timeout(seconds: float) -> httpx.Timeout:
+    # One budget for each phase: a hung peer costs at most this much per phase.
+    return httpx.Timeout(seconds)
+
+
+def _limits() -> httpx.Limits:
+    return httpx.Limits(max_connections=64, max_keepalive_connections=32, keepalive_expiry=30)
+
+
+class _Base:
+    def __init__(self, *, content_type: str = MSGPACK, credentials: Credentials | None = None,
+                 verify: bool | str = True) -> None:
+        self.content_type = content_type
+        self.credentials = credentials
+        self.verify = verify
+        self._req_headers = {"Content-Type": content_type, "Accept": f"{MSGPACK}, {JSON}"}
+
+    def _headers(self, method: str, path: str, body: bytes) -> dict[str, str]:
+        if self.credentials is None:
+            return self._req_headers
+        return {**self._req_headers, **self.credentials.headers(method, path, body)}
+
+    def __repr__(self) -> str:
+        signed = "signed" if self.credentials else "unsigned"
+        return f"{type(self).__name__}({self.content_type}, {signed})"
+
+
+class SyncHttp(_Base):
+    """Blocking calls on one pooled ``httpx.Client`` (thread-safe)."""
+
+    def __init__(self, *, content_type: str = MSGPACK, credentials: Credentials | None = None,
+                 verify: bool | str = True, client: httpx.Client | None = None) -> None:
+        super().__init__(content_type=content_type, credentials=credentials, verify=verify)
+        # trust_env=False: loopback and cluster traffic must not go through an env proxy
+        self._client = client or httpx.Client(limits=_limits(), verify=verify, trust_env=False)
+
+    def request(self, method: str, addr: str, path: str, body: bytes = b"", *,
+                timeout: float) -> HttpResponse:
+        """One request; raises ``httpx.HTTPError`` subclasses on transport failure."""
+        r = self._client.request(method, base_url(addr) + path, content=body or None,
+                                 headers=self._headers(method, path, body),
+                                 timeout=_timeout(timeout))
+        return HttpResponse(r.status_code, r.headers.get("content-type", ""), r.content)
+
+    def close(self) -> None:
+        self._client.close()
+
+
+class AsyncHttp(_Base):
+    """asyncio calls on one pooled ``httpx.AsyncClient``."""
+
+    def __init__(self, *, content_type: str = MSGPACK, credentials: Credentials | None = None,
+                 verify: bool | str = True, client: httpx.AsyncClient | None = None) -> None:
+        super().__init__(content_type=content_type, credentials=credentials, verify=verify)
+        self._client = client or httpx.AsyncClient(limits=_limits(), verify=verify,
+                                                   trust_env=False)
+
+    async def request(self, method: str, addr: str, path: str, body: bytes = b"", *,
+                      timeout: float) -> HttpResponse:
+        r = await self._client.request(method, base_url(addr) + path, content=body or None,
+                                       headers=self._headers(method, path, body),
+                                       timeout=_timeout(timeout))
+        return HttpResponse(r.status_code, r.headers.get("content-type", ""), r.content)
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
