@@ -1,0 +1,1 @@
+"""The suite's machinery: scenario runner, server processes, report and plots."""

@@ -1,0 +1,112 @@
+"""qclient as just another peer: LocalCluster, Producer.send_delayed / send_batch, Consumer."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from benchmarks.peers.base import Peer, PeerConsumer, PeerProducer, Sink
+
+log = logging.getLogger(__name__)
+
+
+class QClientProducer(PeerProducer):
+    """``send_delayed`` per message, ``send_batch`` for a batch; SEND_OK is the (durable) ack."""
+
+    def __init__(self, namesrv: str, topic: str) -> None:
+        from qclient import Producer
+
+        self.topic = topic
+        self.p = Producer(namesrv)
+
+    def send(self, msg_id: str, delay_s: float) -> None:
+        from qclient import SendStatus
+
+        r = self.p.send_delayed(self.topic, msg_id, delay=delay_s, key=msg_id)
+        if r.status != SendStatus.SEND_OK:
+            raise RuntimeError(f"send_delayed: {r.status}")
+
+    def send_many(self, items: Sequence[tuple[str, float]]) -> None:
+        from qclient import Message, SendStatus
+
+        results = self.p.send_batch(
+            [Message(self.topic, m, key=m, delay=d) for m, d in items]
+        )
+        bad = [r for r in results if r.status != SendStatus.SEND_OK]
+        if bad or len(results) != len(items):
+            raise RuntimeError(f"send_batch: {len(bad)} not SEND_OK of {len(results)}")
+
+    def close(self) -> None:
+        self.p.close()
+
+
+class QClientConsumer(PeerConsumer):
+    """``Consumer.poll`` in a loop; the message body is the id."""
+
+    def __init__(self, namesrv: str, topic: str, sink: Sink) -> None:
+        super().__init__(sink)
+        self.namesrv = namesrv
+        self.topic = topic
+        self.c: Any = None
+
+    def connect(self) -> None:
+        from qclient import Consumer
+
+        self.c = Consumer(self.namesrv, self.topic, "bench")
+
+    def poll_once(self) -> None:
+        for m in self.c.poll(max_messages=256, timeout=0.5):
+            self.sink(bytes(m.body).decode())
+
+    def disconnect(self) -> None:
+        if self.c is not None:
+            self.c.close()
+            self.c = None
+
+
+class QClientPeer(Peer):
+    """A ``LocalCluster`` with one broker (the peers are single servers too)."""
+
+    name = "qclient"
+    description = "LocalCluster, 1 broker; send_delayed, fsync (group commit) before the ack"
+    start_timeout = 30.0
+
+    def __init__(self, brokers: int = 1) -> None:
+        self.brokers = brokers
+        self.cluster: Any = None
+        self._entered = False
+
+    def missing(self) -> str | None:
+        try:
+            from qclient import Consumer, LocalCluster, Producer  # noqa: F401
+        except Exception as exc:
+            return f"qclient Producer/Consumer/LocalCluster not importable yet: {exc}"
+        return None
+
+    def start(self, workdir: Path) -> None:
+        from qclient import LocalCluster
+
+        self.cluster = LocalCluster(brokers=self.brokers, data_dir=str(workdir / "cluster"))
+        self.cluster.__enter__()
+        self._entered = True
+
+    def kill9(self) -> None:
+        for b in self.cluster.brokers:
+            b.kill()
+
+    def restart(self) -> None:
+        for b in self.cluster.brokers:
+            b.start()
+
+    def stop(self) -> None:
+        if self._entered:
+            self._entered = False
+            self.cluster.__exit__(None, None, None)
+
+    def producer(self, channel: str) -> PeerProducer:
+        return QClientProducer(self.cluster.namesrv, channel)
+
+    def consumer(self, channel: str, sink: Sink) -> PeerConsumer:
+        return QClientConsumer(self.cluster.namesrv, channel, sink).start()
