@@ -1,0 +1,208 @@
+"""The "qclient" Python data source: ``df.write`` / ``df.writeStream`` ``.format("qclient")``.
+
+``write()`` runs per partition in the executors' Python workers (Arrow record batches in,
+a ``QClientCommitMessage`` out); ``commit()`` runs elsewhere on the driver side and logs
+one summary line per batch. The writers keep no state between calls: the producer is
+cached per worker process (``_producer_cache``).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import (
+    BinaryType,
+    DataType,
+    IntegralType,
+    MapType,
+    StringType,
+    StructType,
+    TimestampType,
+)
+
+from ._ids import IdScope, batch_scope, new_job_id, streaming_scope
+from ._options import SinkOptions, parse_options
+from ._producer_cache import get_producer
+from ._sink import COLUMNS, PartitionCounts, PartitionSender, SinkSchemaError, summarize
+from ._sink import summary_line as _summary_line
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+__all__ = ["QClientCommitMessage", "QClientDataSource", "check_schema"]
+
+log = logging.getLogger(__name__)
+
+_EXPECTED = {
+    "value": "string or binary",
+    "key": "string",
+    "topic": "string",
+    "deliver_at": "timestamp",
+    "delay_ms": "an integer type (long)",
+    "tags": "string",
+    "properties": "map<string,string>",
+    "msg_id": "string",
+}
+
+
+def _type_ok(name: str, dt: DataType) -> bool:
+    if name == "value":
+        return isinstance(dt, StringType | BinaryType)
+    if name == "deliver_at":
+        return isinstance(dt, TimestampType)  # not TIMESTAMP_NTZ: its instant is unknown
+    if name == "delay_ms":
+        return isinstance(dt, IntegralType)
+    if name == "properties":
+        return (isinstance(dt, MapType) and isinstance(dt.keyType, StringType)
+                and isinstance(dt.valueType, StringType))
+    return isinstance(dt, StringType)
+
+
+def check_schema(schema: StructType, *, has_topic_option: bool) -> None:
+    """Raise ``SinkSchemaError`` for a missing ``value``, an unknown or a wrong-typed column."""
+    names = [f.name for f in schema.fields]
+    if "value" not in names:
+        raise SinkSchemaError(
+            f"the DataFrame needs a 'value' column (string or binary); it has {names}")
+    for f in schema.fields:
+        if f.name not in _EXPECTED:
+            raise SinkSchemaError(
+                f"unknown column {f.name!r} for the qclient sink; the columns are "
+                f"{', '.join(COLUMNS)} (select or rename before writing)")
+        if not _type_ok(f.name, f.dataType):
+            raise SinkSchemaError(
+                f"column {f.name!r} must be {_EXPECTED[f.name]}, got {f.dataType.simpleString()}")
+    if not has_topic_option and "topic" not in names:
+        raise SinkSchemaError("set the 'topic' option or give the DataFrame a 'topic' column")
+
+
+@dataclass
+class QClientCommitMessage(WriterCommitMessage):
+    """One partition's counts, sent back to the driver's ``commit``."""
+
+    counts: PartitionCounts
+    scope: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _worker_logging(level: str | None) -> None:
+    """Give spark_udfs a stderr handler in a worker process nobody configured logging in."""
+    pkg = logging.getLogger("spark_udfs")
+    if level:
+        pkg.setLevel(level.upper())
+    elif pkg.level == logging.NOTSET:
+        pkg.setLevel(logging.INFO)
+    if not logging.getLogger().handlers and not pkg.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        pkg.addHandler(handler)
+
+
+def _task_context() -> tuple[int, str | None, str | None]:
+    """(partition id, streaming query id, streaming batch id) of the running task."""
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    if ctx is None:
+        return 0, None, None
+    return (ctx.partitionId(), ctx.getLocalProperty("sql.streaming.queryId"),
+            ctx.getLocalProperty("streaming.sql.batchId"))
+
+
+def _write_partition(options: SinkOptions, scope: str | None,
+                     batches: Iterator[pa.RecordBatch]) -> QClientCommitMessage:
+    """The body of both writers' ``write``."""
+    if options.log_level:
+        _worker_logging(options.log_level)
+    partition_id, query_id, batch_id = _task_context()
+    if scope is None:
+        if query_id is None or batch_id is None:
+            raise RuntimeError("qclient streaming sink: no query id / batch id in the task")
+        scope = streaming_scope(query_id, batch_id)
+    sender = PartitionSender(options, get_producer(options), IdScope(scope, partition_id),
+                             partition_id)
+    counts = sender.write(batches)
+    return QClientCommitMessage(counts=counts, scope=scope)
+
+
+def _counts(messages: list[WriterCommitMessage | None]) -> list[PartitionCounts | None]:
+    return [m.counts if isinstance(m, QClientCommitMessage) else None for m in messages]
+
+
+class QClientBatchWriter(DataSourceArrowWriter):
+    """``df.write.format("qclient")``: one job-level id scopes every message id."""
+
+    def __init__(self, options: SinkOptions) -> None:
+        self.options = options
+        # Made once on the driver and pickled into every task, retries included.
+        self.job_id = options.job_id or new_job_id()
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> QClientCommitMessage:
+        return _write_partition(self.options, batch_scope(self.job_id), iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:  # type: ignore[override]
+        _worker_logging(self.options.log_level)
+        log.info("%s", _summary_line(f"qclient sink: job {self.job_id}",
+                                     summarize(_counts(messages))))
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:  # type: ignore[override]
+        # Sent messages cannot be unsent; a re-run with the same job_id is deduplicated.
+        _worker_logging(self.options.log_level)
+        log.warning("%s", _summary_line(f"qclient sink: job {self.job_id} ABORTED",
+                                        summarize(_counts(messages))))
+
+
+class QClientStreamWriter(DataSourceStreamArrowWriter):
+    """``df.writeStream.format("qclient")``: ids scoped by query id and batch id."""
+
+    def __init__(self, options: SinkOptions) -> None:
+        self.options = options
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> QClientCommitMessage:
+        return _write_partition(self.options, None, iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None],  # type: ignore[override]
+               batchId: int) -> None:
+        _worker_logging(self.options.log_level)
+        log.info("%s", _summary_line(f"qclient sink: batch {batchId}",
+                                     summarize(_counts(messages))))
+
+    def abort(self, messages: list[WriterCommitMessage | None],  # type: ignore[override]
+              batchId: int) -> None:
+        # The replay of this batch re-derives the same ids: the broker deduplicates.
+        _worker_logging(self.options.log_level)
+        log.warning("%s", _summary_line(f"qclient sink: batch {batchId} ABORTED",
+                                        summarize(_counts(messages))))
+
+
+class QClientDataSource(DataSource):
+    """The "qclient" format: each row becomes a (delayed) message."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "qclient"
+
+    def _prepare(self, schema: StructType) -> SinkOptions:
+        options = parse_options(self.options)
+        check_schema(schema, has_topic_option=options.topic is not None)
+        return options
+
+    def writer(self, schema: StructType, overwrite: bool) -> QClientBatchWriter:
+        if overwrite:
+            raise SinkSchemaError("the qclient sink only appends: use mode('append')")
+        return QClientBatchWriter(self._prepare(schema))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> QClientStreamWriter:
+        if overwrite:
+            raise SinkSchemaError("the qclient sink only appends: use outputMode('append')")
+        return QClientStreamWriter(self._prepare(schema))

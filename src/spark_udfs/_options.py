@@ -1,0 +1,227 @@
+"""Data source options: parsed case-insensitively into the sink's settings and the
+``qclient.Producer`` keyword arguments.
+
+Spark hands options over lower-cased in a case-insensitive mapping, so ``sendTimeout``,
+``send_timeout`` and ``SEND_TIMEOUT`` all name the same option here: names are compared
+with case, ``_``, ``-`` and ``.`` removed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from qclient.errors import QClientError
+
+__all__ = ["PRODUCER_OPTIONS", "OptionError", "SinkOptions", "parse_options"]
+
+log = logging.getLogger(__name__)
+
+
+class OptionError(QClientError, ValueError):
+    """A data source option is missing, unknown or has a value of the wrong kind."""
+
+
+def _bool(name: str, raw: Any) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    text = str(raw).strip().lower()
+    if text in ("true", "1", "yes", "on"):
+        return True
+    if text in ("false", "0", "no", "off"):
+        return False
+    raise OptionError(f"option {name!r} must be true or false, got {raw!r}")
+
+
+def _int(name: str, raw: Any) -> int:
+    try:
+        return int(str(raw).strip())
+    except ValueError:
+        raise OptionError(f"option {name!r} must be an integer, got {raw!r}") from None
+
+
+def _float(name: str, raw: Any) -> float:
+    try:
+        return float(str(raw).strip())
+    except ValueError:
+        raise OptionError(f"option {name!r} must be a number, got {raw!r}") from None
+
+
+def _str(name: str, raw: Any) -> str:
+    text = str(raw).strip()
+    if not text:
+        raise OptionError(f"option {name!r} must not be empty")
+    return text
+
+
+#: Producer keyword -> converter; mirrors ``qclient.Producer``'s signature in CONTRACT.md.
+#: Keywords the Producer grows later are accepted too (see ``_producer_params``).
+PRODUCER_OPTIONS: dict[str, Callable[[str, Any], Any]] = {
+    "namesrv": _str,
+    "send_timeout": _float,
+    "retry_times": _int,
+    "send_latency_fault_enable": _bool,
+    "start_detector_enable": _bool,
+    "detect_interval": _float,
+    "detect_timeout": _float,
+    "route_refresh_interval": _float,
+    "max_message_size": _int,
+    "linger_ms": _float,
+    "batch_max_messages": _int,
+    "batch_max_bytes": _int,
+    "max_buffered_messages": _int,
+    "access_key": _str,
+    "secret_key": _str,
+}
+
+#: Options of the sink itself, with their defaults.
+SINK_DEFAULTS: dict[str, Any] = {
+    "topic": None,  # required unless every row has a `topic` value
+    "rows_per_send": 1000,  # rows handed to one Producer.send_batch call
+    "write_retries": 2,  # re-sends of rows a send_batch could not place
+    "retry_backoff": 0.2,  # seconds before the first re-send, doubled each round
+    "on_error": "fail",  # "fail" the task, or "skip" (count, log, go on)
+    "job_id": None,  # batch writes: fixes the id prefix, making re-runs idempotent
+    "producer_factory": None,  # "module:callable" returning a Producer-like object
+    "log_level": None,  # e.g. INFO: log level of spark_udfs in the worker processes
+}
+
+_SINK_CONVERTERS: dict[str, Callable[[str, Any], Any]] = {
+    "topic": _str,
+    "rows_per_send": _int,
+    "write_retries": _int,
+    "retry_backoff": _float,
+    "on_error": _str,
+    "job_id": _str,
+    "producer_factory": _str,
+    "log_level": _str,
+}
+
+#: Options Spark itself sets or that belong to Spark, never ours to reject.
+_SPARK_OPTIONS = frozenset({"path", "checkpointlocation", "queryname"})
+
+_SECRET = frozenset({"secret_key"})
+
+
+def _norm(name: str) -> str:
+    return name.lower().replace("_", "").replace("-", "").replace(".", "")
+
+
+def _producer_params() -> dict[str, Any]:
+    """Keyword parameters of ``qclient.Producer`` with their defaults, if it is importable."""
+    try:
+        from qclient import Producer
+    except Exception:  # the producer may not be importable in every environment
+        return {}
+    params: dict[str, Any] = {}
+    for p in inspect.signature(Producer).parameters.values():
+        if p.kind is inspect.Parameter.KEYWORD_ONLY:
+            params[p.name] = p.default
+    return params
+
+
+def _converter_for_default(default: Any) -> Callable[[str, Any], Any]:
+    if isinstance(default, bool):
+        return _bool
+    if isinstance(default, int):
+        return _int
+    if isinstance(default, float):
+        return _float
+    return _str
+
+
+@dataclass(frozen=True, repr=False)
+class SinkOptions:
+    """Everything a writer needs, picklable; ``producer_kwargs`` go to ``qclient.Producer``."""
+
+    topic: str | None
+    producer_kwargs: dict[str, Any] = field(default_factory=dict)
+    rows_per_send: int = 1000
+    write_retries: int = 2
+    retry_backoff: float = 0.2
+    on_error: str = "fail"
+    job_id: str | None = None
+    producer_factory: str | None = None
+    log_level: str | None = None
+
+    @property
+    def namesrv(self) -> str:
+        return str(self.producer_kwargs["namesrv"])
+
+    def cache_key(self) -> str:
+        """A digest of the producer configuration (secrets included, but not readable)."""
+        items = sorted((k, repr(v)) for k, v in self.producer_kwargs.items())
+        raw = repr((self.producer_factory, items)).encode()
+        return hashlib.sha256(raw).hexdigest()
+
+    def __repr__(self) -> str:
+        shown = {k: ("***" if k in _SECRET else v) for k, v in self.producer_kwargs.items()}
+        return (f"SinkOptions(topic={self.topic!r}, producer={shown!r}, "
+                f"rows_per_send={self.rows_per_send}, write_retries={self.write_retries}, "
+                f"on_error={self.on_error!r}, job_id={self.job_id!r})")
+
+    __str__ = __repr__
+
+
+def parse_options(options: Mapping[str, Any], *, require_topic: bool = False) -> SinkOptions:
+    """Turn data source options (any case) into ``SinkOptions``; unknown names are an error."""
+    producer_convs = dict(PRODUCER_OPTIONS)
+    for name, default in _producer_params().items():
+        producer_convs.setdefault(name, _converter_for_default(default))
+    by_norm: dict[str, tuple[str, Callable[[str, Any], Any], bool]] = {}
+    for name, conv in producer_convs.items():
+        by_norm[_norm(name)] = (name, conv, True)
+    for name, conv in _SINK_CONVERTERS.items():
+        by_norm[_norm(name)] = (name, conv, False)
+
+    producer_kwargs: dict[str, Any] = {}
+    sink: dict[str, Any] = dict(SINK_DEFAULTS)
+    # Iterate over items(): the mapping Spark passes is case-insensitive, never dict() it.
+    for raw_name, raw_value in options.items():
+        key = _norm(str(raw_name))
+        if key in _SPARK_OPTIONS or raw_value is None:
+            continue
+        entry = by_norm.get(key)
+        if entry is None:
+            known = ", ".join(sorted(set(producer_convs) | set(_SINK_CONVERTERS)))
+            raise OptionError(f"unknown qclient option {raw_name!r}; known options: {known}")
+        name, conv, is_producer = entry
+        value = conv(name, raw_value)
+        if is_producer:
+            producer_kwargs[name] = value
+        else:
+            sink[name] = value
+
+    if "namesrv" not in producer_kwargs:
+        raise OptionError("option 'namesrv' is required (host:port[,host:port...])")
+    if ("access_key" in producer_kwargs) != ("secret_key" in producer_kwargs):
+        raise OptionError("options 'access_key' and 'secret_key' go together")
+    if require_topic and not sink["topic"]:
+        raise OptionError("option 'topic' is required")
+    if sink["topic"] is not None:
+        from qclient.protocol.wire import valid_topic
+
+        if not valid_topic(sink["topic"]):
+            raise OptionError(f"option 'topic' is not a valid topic name: {sink['topic']!r}")
+    on_error = str(sink["on_error"]).lower()
+    if on_error not in ("fail", "skip"):
+        raise OptionError(f"option 'on_error' must be 'fail' or 'skip', got {sink['on_error']!r}")
+    if sink["rows_per_send"] < 1:
+        raise OptionError("option 'rows_per_send' must be at least 1")
+    if sink["write_retries"] < 0:
+        raise OptionError("option 'write_retries' must be 0 or more")
+    return SinkOptions(
+        topic=sink["topic"],
+        producer_kwargs=producer_kwargs,
+        rows_per_send=sink["rows_per_send"],
+        write_retries=sink["write_retries"],
+        retry_backoff=sink["retry_backoff"],
+        on_error=on_error,
+        job_id=sink["job_id"],
+        producer_factory=sink["producer_factory"],
+        log_level=sink["log_level"],
+    )

@@ -1,0 +1,103 @@
+"""``send_delayed_udf``: a pandas UDF that sends one message per row and returns, per row,
+``struct<msg_id string, status string, error string>`` (errors are returned, not raised)."""
+
+import logging
+import math
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pandas as pd
+
+from ._ids import IdScope, new_job_id
+from ._options import SinkOptions, parse_options
+from ._producer_cache import get_producer
+from ._sink import describe, send_with_retries
+
+__all__ = ["RESULT_SCHEMA", "make_send_delayed_udf"]
+
+log = logging.getLogger(__name__)
+
+RESULT_SCHEMA = "msg_id string, status string, error string"
+
+# Row position per (udf, task attempt): a task feeds its partition through the UDF in
+# several Arrow batches, in order, in one worker process.
+_positions: dict[tuple[str, int], int] = {}
+_positions_lock = threading.Lock()
+
+
+def _next_rows(udf_id: str, n: int) -> tuple[IdScope, int]:
+    """The id scope and the first row position of the next ``n`` rows of this task."""
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    if ctx is None:  # called outside Spark (a unit test): one running counter
+        stage, partition, attempt = 0, 0, 0
+    else:
+        stage, partition, attempt = ctx.stageId(), ctx.partitionId(), ctx.taskAttemptId()
+    key = (udf_id, attempt)
+    with _positions_lock:
+        if key not in _positions:
+            # A new task attempt: forget the finished ones of this worker.
+            for old in [k for k in _positions if k[1] != attempt]:
+                del _positions[old]
+        start = _positions.get(key, 0)
+        _positions[key] = start + n
+    return IdScope(f"u:{udf_id}:{stage}", partition), start
+
+
+def _delays(delay_ms: pd.Series) -> list[int | None]:
+    out: list[int | None] = []
+    for d in delay_ms.tolist():
+        if d is None or (isinstance(d, float) and math.isnan(d)):
+            out.append(None)
+        else:
+            out.append(int(d))
+    return out
+
+
+def send_series(options: SinkOptions, udf_id: str, value: pd.Series,
+                delay_ms: pd.Series) -> pd.DataFrame:
+    """The UDF's body: send ``value`` with ``delay_ms`` (null = now), one outcome per row."""
+    from datetime import timedelta
+
+    from qclient import Message
+
+    n = len(value)
+    scope, start = _next_rows(udf_id, n)
+    ids = scope.ids(start, n)
+    topic = options.topic
+    assert topic is not None
+    msgs = []
+    for body, d, mid in zip(value.tolist(), _delays(delay_ms), ids, strict=True):
+        msgs.append(Message(topic, b"" if body is None else body, msg_id=mid,
+                            delay=None if d is None else timedelta(milliseconds=d)))
+    outcomes, _ = send_with_retries(get_producer(options), msgs,
+                                    retries=options.write_retries, backoff=options.retry_backoff)
+    status: list[str] = []
+    errors: list[str | None] = []
+    for res in outcomes:
+        if hasattr(res, "status"):
+            status.append(str(res.status))
+            errors.append(None)
+        else:
+            status.append(getattr(res, "code", None) or type(res).__name__)
+            errors.append(describe(res))  # type: ignore[arg-type]
+    return pd.DataFrame({"msg_id": ids, "status": status, "error": errors})
+
+
+def make_send_delayed_udf(namesrv: str, topic: str, **options: Any) -> Callable[..., Any]:
+    """Build the UDF; options are validated here, on the driver."""
+    from pyspark.sql.functions import pandas_udf
+
+    opts = parse_options({"namesrv": namesrv, "topic": topic, **options}, require_topic=True)
+    # Fixed when the UDF is made and pickled into every task: a retried task re-derives
+    # the same ids, and the broker deduplicates what the failed attempt had sent.
+    udf_id = new_job_id()
+
+    def send_delayed(value: pd.Series, delay_ms: pd.Series) -> pd.DataFrame:
+        return send_series(opts, udf_id, value, delay_ms)
+
+    udf = pandas_udf(send_delayed, RESULT_SCHEMA)  # type: ignore[call-overload]
+    # Nondeterministic: Spark must not evaluate it twice (or collapse it) for one row.
+    return udf.asNondeterministic()  # type: ignore[no-any-return]

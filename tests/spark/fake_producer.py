@@ -1,0 +1,81 @@
+"""A stand-in for ``qclient.Producer`` used by the Spark mechanics tests: it records every
+message it is given (one JSON line each) under ``$QCLIENT_FAKE_SINK_DIR`` and
+acknowledges them as if two brokers had. Importable in Spark workers (PYTHONPATH)."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from qclient._models import Message, SendResult, SendStatus
+from qclient.errors import BatchSendError, BrokerUnavailableError, QClientError
+
+BROKERS = ("fake-a", "fake-b")
+
+
+class FakeProducer:
+    """Records messages and acknowledges them, alternating two broker names."""
+
+    fail_every = 0  # FlakyProducer: every N-th message fails once, retryably
+
+    def __init__(self, namesrv: str, **kwargs: Any) -> None:
+        self.namesrv = namesrv
+        self.kwargs = kwargs
+        self._lock = threading.Lock()
+        root = Path(os.environ["QCLIENT_FAKE_SINK_DIR"])
+        self._file = open(root / f"sent-{os.getpid()}-{id(self)}.jsonl", "a")  # noqa: SIM115
+        self._fail_every = self.fail_every
+        self._failed_once: set[str] = set()
+        self._n = 0
+        self.retried = 0
+
+    def send_batch(self, messages: Iterable[Message]) -> list[SendResult]:
+        results: list[SendResult | QClientError] = []
+        with self._lock:
+            for m in messages:
+                self._n += 1
+                broker = BROKERS[self._n % 2]
+                if (self._fail_every and self._n % self._fail_every == 0
+                        and m.msg_id not in self._failed_once):
+                    self._failed_once.add(str(m.msg_id))
+                    results.append(BrokerUnavailableError("connection refused (fake)",
+                                                          broker_name=broker))
+                    continue
+                body = m.body.decode() if isinstance(m.body, bytes) else m.body
+                delay = m.delay.total_seconds() if hasattr(m.delay, "total_seconds") else m.delay
+                self._file.write(json.dumps({
+                    "msg_id": m.msg_id, "topic": m.topic, "body": body, "key": m.key,
+                    "tags": m.tags, "properties": m.properties, "delay": delay,
+                    "deliver_at": m.deliver_at, "broker": broker, "pid": os.getpid(),
+                }) + "\n")
+                results.append(SendResult(str(m.msg_id), SendStatus.SEND_OK, broker, 0, 0))
+            self._file.flush()
+        if any(isinstance(r, QClientError) for r in results):
+            raise BatchSendError("some messages failed (fake)", results)
+        return results  # type: ignore[return-value]
+
+    def stats(self) -> dict[str, Any]:
+        return {"sent": self._n, "retried": self.retried}
+
+    def close(self, timeout: float | None = None) -> None:
+        self._file.close()
+
+
+class FlakyProducer(FakeProducer):
+    """Every 7th message fails once with a retryable BrokerUnavailableError."""
+
+    fail_every = 7
+
+
+def read_sent(root: Path) -> list[dict[str, Any]]:
+    """Every message the fakes under ``root`` recorded (duplicates included)."""
+    out = []
+    for f in sorted(root.glob("sent-*.jsonl")):
+        for line in f.read_text().splitlines():
+            if line.strip():
+                out.append(json.loads(line))
+    return out
