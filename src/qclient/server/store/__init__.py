@@ -1,0 +1,26 @@
+"""The delay broker's durable storage engine (see :mod:`qclient.server.store.store`)."""
+
+from qclient.server.store.store import DelayStore, wall_clock_ms
+from qclient.server.store.types import (
+    CancelOutcome,
+    FiredMessage,
+    InvalidRecordError,
+    NewMessage,
+    StoreBusyError,
+    StoreConfig,
+    StoreError,
+    StoreResult,
+)
+
+__all__ = [
+    "CancelOutcome",
+    "DelayStore",
+    "FiredMessage",
+    "InvalidRecordError",
+    "NewMessage",
+    "StoreBusyError",
+    "StoreConfig",
+    "StoreError",
+    "StoreResult",
+    "wall_clock_ms",
+]

@@ -1,0 +1,180 @@
+"""Small file helpers: atomic replace, directory fsync, safe names, append-only file sets."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import OrderedDict
+from collections.abc import Iterator
+from pathlib import Path
+
+from qclient.protocol.wire import TOPIC_RE
+
+log = logging.getLogger(__name__)
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a directory's entries (created/renamed files) durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, data: bytes, *, fsync: bool = True) -> None:
+    """Replace ``path`` with ``data`` atomically (tmp + fsync + rename + dir fsync)."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            n = os.write(fd, view)
+            view = view[n:]
+        if fsync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    if fsync:
+        fsync_dir(path.parent)
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """os.write until every byte is written."""
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def check_name(name: str, what: str = "topic") -> str:
+    """Return ``name`` if it is a valid topic/group name (no path tricks possible), else raise."""
+    if not isinstance(name, str) or not TOPIC_RE.match(name) or name in (".", ".."):
+        raise ValueError(f"invalid {what} name")
+    return name
+
+
+def check_queue_id(queue_id: int) -> int:
+    """Return ``queue_id`` if it is a sane queue number, else raise."""
+    if not isinstance(queue_id, int) or isinstance(queue_id, bool) or not 0 <= queue_id < 65536:
+        raise ValueError("invalid queue id")
+    return queue_id
+
+
+def sync_fds(fds: list[int]) -> None:
+    """fsync and close fds returned by :meth:`AppendFiles.take_dirty`."""
+    for fd in fds:
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+class AppendFiles:
+    """A family of append-only files keyed by an int, named ``{key:020d}{suffix}`` in a dir.
+
+    Keeps at most ``max_open`` write fds (LRU); tracks each file's size and which files were
+    written since the last :meth:`sync`. All methods must be called under one external lock
+    or from one thread, except :meth:`read`, which only reads.
+    """
+
+    def __init__(self, directory: Path, suffix: str, unit: int, *, fsync: bool, max_open: int = 64):
+        self.dir = directory
+        self.suffix = suffix
+        self.unit = unit
+        self.fsync = fsync
+        self.max_open = max_open
+        self._fds: OrderedDict[int, int] = OrderedDict()
+        self._sizes: dict[int, int] = {}
+        self._dirty: set[int] = set()
+        self.dir.mkdir(parents=True, exist_ok=True)
+
+    def path(self, key: int) -> Path:
+        return self.dir / f"{key:020d}{self.suffix}"
+
+    def recover(self) -> list[int]:
+        """Scan the directory, cut partial units off each file; return the keys, sorted."""
+        keys = []
+        for p in self.dir.iterdir():
+            name = p.name
+            if not name.endswith(self.suffix) or not name[: -len(self.suffix)].isdigit():
+                if name.endswith(".tmp"):
+                    p.unlink(missing_ok=True)
+                continue
+            key = int(name[: -len(self.suffix)])
+            size = p.stat().st_size
+            if size % self.unit:
+                log.warning("cutting a torn tail of %d bytes off %s", size % self.unit, p)
+                size -= size % self.unit
+                os.truncate(p, size)
+            self._sizes[key] = size
+            keys.append(key)
+        keys.sort()
+        return keys
+
+    def keys(self) -> Iterator[int]:
+        return iter(self._sizes)
+
+    def size(self, key: int) -> int:
+        return self._sizes.get(key, 0)
+
+    def _fd(self, key: int) -> int:
+        fd = self._fds.get(key)
+        if fd is not None:
+            self._fds.move_to_end(key)
+            return fd
+        fd = os.open(self.path(key), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._fds[key] = fd
+        self._sizes.setdefault(key, 0)
+        while len(self._fds) > self.max_open:
+            old, ofd = self._fds.popitem(last=False)
+            if old in self._dirty and self.fsync:
+                os.fsync(ofd)
+            self._dirty.discard(old)
+            os.close(ofd)
+        return fd
+
+    def append(self, key: int, data: bytes) -> None:
+        """Append ``data`` (a whole number of units) to file ``key``."""
+        created = key not in self._sizes
+        write_all(self._fd(key), data)
+        self._sizes[key] += len(data)
+        self._dirty.add(key)
+        if created and self.fsync:
+            fsync_dir(self.dir)
+
+    def read(self, key: int, upto: int | None = None) -> bytes:
+        """Read file ``key`` from the start up to ``upto`` bytes (whole units only)."""
+        try:
+            with open(self.path(key), "rb") as f:
+                data = f.read() if upto is None else f.read(upto)
+        except FileNotFoundError:
+            return b""
+        return data[: len(data) - len(data) % self.unit]
+
+    def sync(self) -> None:
+        """fsync every file written since the last sync."""
+        sync_fds(self.take_dirty())
+
+    def take_dirty(self) -> list[int]:
+        """Duplicates of the fds written since the last call, for :func:`sync_fds` outside
+        the caller's lock (a dup stays valid even if the LRU closes the original)."""
+        dirty, self._dirty = self._dirty, set()
+        if not self.fsync:
+            return []
+        return [os.dup(self._fds[k]) for k in dirty if k in self._fds]
+
+    def remove(self, key: int) -> None:
+        fd = self._fds.pop(key, None)
+        if fd is not None:
+            os.close(fd)
+        self._dirty.discard(key)
+        self._sizes.pop(key, None)
+        self.path(key).unlink(missing_ok=True)
+
+    def close(self) -> None:
+        self.sync()
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()

@@ -1,0 +1,260 @@
+"""Consume logs: per topic queue, a CRC'd log of fired messages plus an offset index.
+
+``consume/<topic>/<queue_id>/log`` holds fired records (the message with ``fired_at_ms``,
+its queue offset and the source position in the message log); ``index`` holds one
+fixed-width ``(log position u64, size u32)`` entry per offset (RocketMQ ConsumeQueue
+style), so ``pull(offset)`` is two preads. Only the log is fsync'd: the index is derived
+and recovery rebuilds its tail from the log. Offsets become *visible* to ``pull`` only
+after the log is synced (``publish``), so a consumer can never see an offset that a crash
+could take back.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+
+from qclient.server.store import record as rec
+from qclient.server.store._files import check_name, check_queue_id, fsync_dir, write_all
+from qclient.server.store.types import FiredMessage
+
+log = logging.getLogger(__name__)
+
+INDEX = struct.Struct("<QI")
+_RECENT_MAX = 20_000
+_RECENT_SPAN_MS = 5_000
+
+
+class ConsumeQueue:
+    """One topic queue's consume log. ``append`` from one thread, ``read`` from any."""
+
+    def __init__(self, directory: Path, topic: str, queue_id: int, *, fsync: bool):
+        self.dir = directory
+        self.topic = topic
+        self.queue_id = queue_id
+        self.fsync = fsync
+        self.next = 0  # next offset to write
+        self.visible = 0  # offsets below this can be pulled
+        self.log_end = 0
+        self._log_fd = -1
+        self._idx_fd = -1
+        self._synced_end = 0
+
+    def open(self) -> list[rec.Record]:
+        """Open and recover; returns the records fired in the last few seconds before the
+        previous stop (their dispatch may not have been logged)."""
+        new = not self.dir.exists()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        if new and self.fsync:
+            fsync_dir(self.dir.parent)
+            fsync_dir(self.dir.parent.parent)
+        flags = os.O_RDWR | os.O_CREAT | os.O_APPEND
+        self._log_fd = os.open(self.dir / "log", flags, 0o644)
+        self._idx_fd = os.open(self.dir / "index", flags, 0o644)
+        log_size = os.fstat(self._log_fd).st_size
+        n = os.fstat(self._idx_fd).st_size // INDEX.size
+        # drop index entries whose record is gone or torn
+        end = 0
+        while n > 0:
+            pos, size = INDEX.unpack(os.pread(self._idx_fd, INDEX.size, (n - 1) * INDEX.size))
+            if pos + size <= log_size and self._valid(pos, size):
+                end = pos + size
+                break
+            n -= 1
+        os.ftruncate(self._idx_fd, n * INDEX.size)
+        # index the log's records after the last indexed one; cut a torn tail
+        extra = []
+        pos = end
+        while pos < log_size:
+            head = os.pread(self._log_fd, rec.PRE.size, pos)
+            try:
+                size = rec.peek_length(head)
+            except rec.CorruptRecord:
+                break
+            if pos + size > log_size or not self._valid(pos, size):
+                break
+            extra.append(INDEX.pack(pos, size))
+            pos += size
+        if pos < log_size:
+            log.warning("%s/%d: cutting %d torn bytes", self.topic, self.queue_id, log_size - pos)
+            os.ftruncate(self._log_fd, pos)
+        if extra:
+            write_all(self._idx_fd, b"".join(extra))
+        self.next = self.visible = n + len(extra)
+        self.log_end = self._synced_end = pos
+        return self._recent()
+
+    def _valid(self, pos: int, size: int) -> bool:
+        try:
+            rec.decode(os.pread(self._log_fd, size, pos))
+        except rec.CorruptRecord:
+            return False
+        return True
+
+    def _recent(self) -> list[rec.Record]:
+        if self.next == 0:
+            return []
+        first = max(0, self.next - _RECENT_MAX)
+        records = [r for r, _ in self._read_raw(first, self.next - first)]
+        if not records:
+            return []
+        cutoff = max(r.fired_at_ms for r in records) - _RECENT_SPAN_MS
+        return [r for r in records if r.fired_at_ms >= cutoff]
+
+    def append(self, items: Iterable[tuple[rec.Record, int, int]]) -> int:
+        """Append fired messages ``(record, source position, fired_at_ms)``; not yet
+        visible. Returns how many were appended."""
+        chunks = []
+        index = []
+        off = self.next
+        pos = self.log_end
+        for r, src, fired_at in items:
+            data = rec.encode(
+                rec.KIND_FIRED,
+                r.msg_id,
+                r.topic,
+                r.body,
+                flag=r.flag,
+                queue_id=r.queue_id,
+                received_ms=r.received_ms,
+                deliver_at_ms=r.deliver_at_ms,
+                fired_at_ms=fired_at,
+                qoffset=off,
+                ref=src,
+                key=r.key,
+                tags=r.tags,
+                properties=r.properties,
+            )
+            chunks.append(data)
+            index.append(INDEX.pack(pos, len(data)))
+            pos += len(data)
+            off += 1
+        if not chunks:
+            return 0
+        write_all(self._log_fd, b"".join(chunks))
+        write_all(self._idx_fd, b"".join(index))
+        self.log_end = pos
+        count = off - self.next
+        self.next = off
+        return count
+
+    def sync(self) -> int:
+        """fdatasync the log; returns the offset up to which it is durable (publish it)."""
+        upto = self.next
+        if self.fsync and self.log_end != self._synced_end:
+            end = self.log_end
+            os.fdatasync(self._log_fd)
+            self._synced_end = end
+        return upto
+
+    def publish(self, upto: int) -> None:
+        if upto > self.visible:
+            self.visible = upto
+
+    def _read_raw(self, offset: int, count: int) -> list[tuple[rec.Record, int]]:
+        raw = os.pread(self._idx_fd, count * INDEX.size, offset * INDEX.size)
+        entries = list(INDEX.iter_unpack(raw[: len(raw) - len(raw) % INDEX.size]))
+        if not entries:
+            return []
+        start = entries[0][0]
+        stop = entries[-1][0] + entries[-1][1]
+        data = os.pread(self._log_fd, stop - start, start)
+        out = []
+        for i, (pos, _size) in enumerate(entries):
+            try:
+                r, _ = rec.decode(data, pos - start)
+            except rec.CorruptRecord:
+                log.error(
+                    "%s/%d: corrupt record at offset %d", self.topic, self.queue_id, offset + i
+                )
+                break
+            out.append((r, offset + i))
+        return out
+
+    def read(self, offset: int, max_messages: int) -> list[FiredMessage]:
+        """Up to ``max_messages`` visible messages from ``offset``."""
+        if offset < 0:
+            raise ValueError("offset must be >= 0")
+        n = min(max_messages, self.visible - offset)
+        if n <= 0:
+            return []
+        return [
+            FiredMessage(
+                r.msg_id,
+                r.topic,
+                r.queue_id,
+                off,
+                r.body,
+                r.key,
+                r.tags,
+                r.properties,
+                r.deliver_at_ms,
+                r.fired_at_ms,
+                r.flag,
+            )
+            for r, off in self._read_raw(offset, n)
+        ]
+
+    def close(self) -> None:
+        for fd in (self._log_fd, self._idx_fd):
+            if fd >= 0:
+                if self.fsync:
+                    os.fsync(fd)
+                os.close(fd)
+        self._log_fd = self._idx_fd = -1
+
+
+class ConsumeLogs:
+    """All consume queues of a store, created on first fire."""
+
+    def __init__(self, directory: Path, *, fsync: bool):
+        self.dir = directory
+        self.fsync = fsync
+        self._queues: dict[tuple[str, int], ConsumeQueue] = {}
+        self._lock = threading.Lock()
+        self.dir.mkdir(parents=True, exist_ok=True)
+
+    def open_all(self) -> list[rec.Record]:
+        """Open (recover) every existing queue; returns their recently fired records."""
+        recent: list[rec.Record] = []
+        for tdir in sorted(self.dir.iterdir()):
+            try:
+                topic = check_name(tdir.name)
+            except ValueError:
+                continue
+            for qdir in sorted(tdir.iterdir()):
+                if qdir.name.isdigit() and int(qdir.name) < 65536:
+                    q = ConsumeQueue(qdir, topic, int(qdir.name), fsync=self.fsync)
+                    recent.extend(q.open())
+                    self._queues[(topic, int(qdir.name))] = q
+        return recent
+
+    def get(self, topic: str, queue_id: int, *, create: bool) -> ConsumeQueue | None:
+        key = (topic, queue_id)
+        q = self._queues.get(key)
+        if q is not None or not create:
+            return q
+        check_name(topic)
+        check_queue_id(queue_id)
+        with self._lock:
+            q = self._queues.get(key)
+            if q is None:
+                q = ConsumeQueue(
+                    self.dir / topic / str(queue_id), topic, queue_id, fsync=self.fsync
+                )
+                q.open()
+                self._queues[key] = q
+        return q
+
+    def queues(self) -> list[ConsumeQueue]:
+        return list(self._queues.values())
+
+    def close(self) -> None:
+        with self._lock:
+            for q in self._queues.values():
+                q.close()
+            self._queues.clear()

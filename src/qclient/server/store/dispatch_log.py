@@ -1,0 +1,28 @@
+"""Dispatch log: per bucket, the message-log positions that fired (u64 each).
+
+Written after the consume log holding the fired copies is synced, so a crash can only
+re-fire (duplicate), never lose. On recovery, a bucket's wheel entries minus this set are
+what is still due.
+"""
+
+from __future__ import annotations
+
+from array import array
+from pathlib import Path
+
+from qclient.server.store._files import AppendFiles
+
+
+class DispatchLog(AppendFiles):
+    """Per-bucket fired-position files."""
+
+    def __init__(self, directory: Path, *, fsync: bool):
+        super().__init__(directory, ".dsp", 8, fsync=fsync)
+
+    def add(self, bucket: int, positions: list[int]) -> None:
+        self.append(bucket, array("Q", positions).tobytes())
+
+    def positions(self, bucket: int) -> set[int]:
+        a = array("Q")
+        a.frombytes(self.read(bucket))
+        return set(a)

@@ -1,0 +1,213 @@
+"""Segmented, append-only, CRC'd message log.
+
+Segments are files named by their 20-digit base offset; a record's global *position* is
+its byte offset in the concatenation of the segments (a new segment starts exactly at the
+previous end, so positions are gapless). A record never spans two segments. Reads are
+``os.pread`` by position. Only the last segment can have a torn tail (a segment is
+fsync'd before the next is created), which :meth:`MessageLog.truncate` cuts off.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+from qclient.server.store import record as rec
+from qclient.server.store._files import fsync_dir, write_all
+
+log = logging.getLogger(__name__)
+
+SUFFIX = ".log"
+_SCAN_CHUNK = 4 << 20
+
+
+class MessageLog:
+    """The message log of one store. ``append``/``sync``/``truncate`` from one thread."""
+
+    def __init__(self, directory: Path, segment_bytes: int, *, fsync: bool):
+        self.dir = directory
+        self.segment_bytes = segment_bytes
+        self.fsync = fsync
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._bases: list[int] = []
+        self._read_fds: dict[int, int] = {}
+        self._rlock = threading.Lock()
+        self._wfd: int | None = None
+        self.end = 0  # next write position
+
+    # --- open / recovery -----------------------------------------------------------
+    def open(self) -> None:
+        bases = []
+        for p in self.dir.iterdir():
+            n = p.name
+            if n.endswith(SUFFIX) and n[: -len(SUFFIX)].isdigit():
+                bases.append(int(n[: -len(SUFFIX)]))
+        bases.sort()
+        self._bases = bases
+        if bases:
+            last = bases[-1]
+            self.end = last + os.path.getsize(self._path(last))
+        else:
+            self._bases = [0]
+            self.end = 0
+            self._wfd = self._create(0)
+            return
+        self._wfd = os.open(self._path(self._bases[-1]), os.O_WRONLY | os.O_APPEND)
+
+    def _path(self, base: int) -> Path:
+        return self.dir / f"{base:020d}{SUFFIX}"
+
+    def _create(self, base: int) -> int:
+        fd = os.open(self._path(base), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_EXCL, 0o644)
+        if self.fsync:
+            fsync_dir(self.dir)
+        return fd
+
+    def segments(self) -> list[tuple[int, int, float]]:
+        """(base, size, mtime seconds) of every segment, oldest first."""
+        out = []
+        for b in self._bases:
+            st = os.stat(self._path(b))
+            out.append((b, st.st_size, st.st_mtime))
+        return out
+
+    def scan(self, start: int) -> Iterator[tuple[int, rec.Record | None, int]]:
+        """Yield ``(position, record, length)`` from ``start`` to the end; at a bad record
+        yield ``(position, None, 0)`` and continue with the next segment."""
+        i = max(0, bisect.bisect_right(self._bases, start) - 1)
+        for base in self._bases[i:]:
+            pos = max(start, base)
+            with open(self._path(base), "rb") as f:
+                f.seek(pos - base)
+                buf = b""
+                off = 0
+                bad = False
+                while True:
+                    if len(buf) - off < rec.HEADER_SIZE or _need_more(buf, off):
+                        more = f.read(_SCAN_CHUNK)
+                        if not more:
+                            break
+                        buf = buf[off:] + more
+                        off = 0
+                        continue
+                    try:
+                        r, n = rec.decode(buf, off)
+                    except rec.CorruptRecord:
+                        bad = True
+                        break
+                    yield pos, r, n
+                    pos += n
+                    off += n
+                if bad or off < len(buf):
+                    yield pos, None, 0
+
+    def truncate(self, position: int) -> None:
+        """Cut the log at ``position`` (drops later segments)."""
+        if self._wfd is not None:
+            os.close(self._wfd)
+        i = max(0, bisect.bisect_right(self._bases, position) - 1)
+        for b in self._bases[i + 1 :]:
+            self._close_reader(b)
+            self._path(b).unlink()
+        self._bases = self._bases[: i + 1]
+        base = self._bases[-1]
+        os.truncate(self._path(base), position - base)
+        self._close_reader(base)
+        self._wfd = os.open(self._path(base), os.O_WRONLY | os.O_APPEND)
+        self.end = position
+        if self.fsync:
+            os.fsync(self._wfd)
+            fsync_dir(self.dir)
+
+    # --- write -----------------------------------------------------------------------
+    def append(self, records: list[bytes]) -> list[int]:
+        """Write records (not yet synced); return their positions."""
+        assert self._wfd is not None
+        positions = []
+        chunk: list[bytes] = []
+        base = self._bases[-1]
+        end = self.end
+        for data in records:
+            if end > base and end - base + len(data) > self.segment_bytes:
+                write_all(self._wfd, b"".join(chunk))
+                chunk = []
+                self.end = end
+                self._roll()
+                base = self._bases[-1]
+            positions.append(end)
+            chunk.append(data)
+            end += len(data)
+        write_all(self._wfd, b"".join(chunk))
+        self.end = end
+        return positions
+
+    def _roll(self) -> None:
+        assert self._wfd is not None
+        if self.fsync:
+            os.fdatasync(self._wfd)
+        os.close(self._wfd)
+        self._wfd = self._create(self.end)
+        self._bases.append(self.end)
+
+    def sync(self) -> None:
+        if self.fsync and self._wfd is not None:
+            os.fdatasync(self._wfd)
+
+    # --- read ------------------------------------------------------------------------
+    def _reader(self, base: int) -> int:
+        fd = self._read_fds.get(base)
+        if fd is None:
+            with self._rlock:
+                fd = self._read_fds.get(base)
+                if fd is None:
+                    fd = os.open(self._path(base), os.O_RDONLY)
+                    self._read_fds[base] = fd
+        return fd
+
+    def _close_reader(self, base: int) -> None:
+        with self._rlock:
+            fd = self._read_fds.pop(base, None)
+        if fd is not None:
+            os.close(fd)
+
+    def read(self, position: int, size: int) -> bytes:
+        """The ``size`` bytes at ``position`` (short if beyond the end)."""
+        i = bisect.bisect_right(self._bases, position) - 1
+        if i < 0:
+            return b""
+        base = self._bases[i]
+        return os.pread(self._reader(base), size, position - base)
+
+    def read_record(self, position: int, size: int = 0) -> rec.Record | None:
+        """Decode the record at ``position`` (``size`` 0: unknown); None if invalid."""
+        try:
+            if size <= 0:
+                head = self.read(position, rec.PRE.size)
+                size = rec.peek_length(head)
+            r, _ = rec.decode(self.read(position, size))
+            return r
+        except rec.CorruptRecord:
+            return None
+
+    def close(self) -> None:
+        if self._wfd is not None:
+            if self.fsync:
+                os.fdatasync(self._wfd)
+            os.close(self._wfd)
+            self._wfd = None
+        with self._rlock:
+            fds, self._read_fds = self._read_fds, {}
+        for fd in fds.values():
+            os.close(fd)
+
+
+def _need_more(buf: bytes, off: int) -> bool:
+    try:
+        n = rec.peek_length(buf, off)
+    except rec.CorruptRecord:
+        return False  # let decode report it
+    return len(buf) - off < n

@@ -1,0 +1,68 @@
+"""Consumer-group offsets, kept in memory and persisted atomically (periodically + on close)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from pathlib import Path
+
+from qclient.server.store._files import atomic_write, check_name, check_queue_id
+
+log = logging.getLogger(__name__)
+
+
+class OffsetStore:
+    """``(group, topic, queue_id) -> next offset to consume``; thread-safe."""
+
+    def __init__(self, path: Path, *, fsync: bool):
+        self.path = path
+        self.fsync = fsync
+        self._lock = threading.Lock()
+        self._offsets: dict[tuple[str, str, int], int] = {}
+        self._dirty = False
+
+    def load(self) -> None:
+        try:
+            doc = json.loads(self.path.read_bytes())
+        except FileNotFoundError:
+            return
+        except ValueError:
+            log.error("unreadable %s; consumer offsets start from 0", self.path)
+            return
+        for group, topics in doc.get("offsets", {}).items():
+            for topic, queues in topics.items():
+                for qid, off in queues.items():
+                    self._offsets[(group, topic, int(qid))] = int(off)
+
+    def commit(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        check_name(group, "group")
+        check_name(topic)
+        check_queue_id(queue_id)
+        if not isinstance(offset, int) or offset < 0:
+            raise ValueError("offset must be a non-negative int")
+        with self._lock:
+            key = (group, topic, queue_id)
+            if self._offsets.get(key) != offset:
+                self._offsets[key] = offset
+                self._dirty = True
+
+    def get(self, group: str, topic: str, queue_id: int) -> int:
+        return self._offsets.get((group, topic, queue_id), 0)
+
+    def flush(self) -> None:
+        """Persist if anything changed since the last flush."""
+        with self._lock:
+            if not self._dirty:
+                return
+            doc: dict[str, dict[str, dict[str, int]]] = {}
+            for (g, t, q), off in self._offsets.items():
+                doc.setdefault(g, {}).setdefault(t, {})[str(q)] = off
+            self._dirty = False
+            data = json.dumps({"version": 1, "offsets": doc}, sort_keys=True).encode()
+        try:
+            atomic_write(self.path, data, fsync=self.fsync)
+        except OSError:
+            with self._lock:
+                self._dirty = True
+            raise

@@ -1,0 +1,189 @@
+"""Binary record codec shared by the message log and the consume logs.
+
+Layout (little endian)::
+
+    magic u32 | length u32 (whole record) | crc32 u32 (of every byte after it)
+    kind u8 | flag i32 | queue_id i32 | received_ms i64 | deliver_at_ms i64
+    fired_at_ms i64 | qoffset i64 | ref i64
+    len(msg_id) u16 | len(topic) u16 | len(key) u16 | len(tags) u16 | len(props) u32 | len(body) u32
+    msg_id | topic | key | tags | props (msgpack map) | body
+
+``None`` strings/properties have length 0xFFFF / 0xFFFFFFFF. ``ref`` is the message-log
+position a record refers to (the cancelled message for a tombstone, the source message for a
+consume-log record); ``qoffset`` is the consume-queue offset of a fired record.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from typing import NamedTuple
+
+import msgspec
+
+MAGIC = 0x31514451  # b"QDQ1"
+KIND_MESSAGE = 1
+KIND_CANCEL = 2
+KIND_FIRED = 3
+_KINDS = (KIND_MESSAGE, KIND_CANCEL, KIND_FIRED)
+
+PRE = struct.Struct("<III")
+REST = struct.Struct("<BiiqqqqqHHHHII")
+HEADER_SIZE = PRE.size + REST.size
+_NONE16 = 0xFFFF
+_NONE32 = 0xFFFFFFFF
+MAX_STR = 0xFFFE
+
+_enc_props = msgspec.msgpack.Encoder()
+_dec_props = msgspec.msgpack.Decoder(dict[str, str])
+
+
+class Record(NamedTuple):
+    """A decoded record."""
+
+    kind: int
+    flag: int
+    queue_id: int
+    received_ms: int
+    deliver_at_ms: int
+    fired_at_ms: int
+    qoffset: int
+    ref: int
+    msg_id: str
+    topic: str
+    key: str | None
+    tags: str | None
+    properties: dict[str, str] | None
+    body: bytes
+
+
+class CorruptRecord(Exception):
+    """Bad magic, impossible length or CRC mismatch."""
+
+
+def _opt(s: str | None) -> tuple[bytes, int]:
+    if s is None:
+        return b"", _NONE16
+    b = s.encode()
+    if len(b) > MAX_STR:
+        raise ValueError("string field longer than 65534 bytes")
+    return b, len(b)
+
+
+def encode(
+    kind: int,
+    msg_id: str,
+    topic: str,
+    body: bytes,
+    *,
+    flag: int = 0,
+    queue_id: int = 0,
+    received_ms: int = 0,
+    deliver_at_ms: int = 0,
+    fired_at_ms: int = 0,
+    qoffset: int = 0,
+    ref: int = 0,
+    key: str | None = None,
+    tags: str | None = None,
+    properties: dict[str, str] | None = None,
+) -> bytes:
+    """Encode one record; raises ValueError on out-of-range fields."""
+    mid = msg_id.encode()
+    top = topic.encode()
+    if len(mid) > MAX_STR or len(top) > MAX_STR:
+        raise ValueError("msg_id/topic too long")
+    kb, kl = _opt(key)
+    tb, tl = _opt(tags)
+    if properties is None:
+        pb, pl = b"", _NONE32
+    else:
+        pb = _enc_props.encode(properties)
+        pl = len(pb)
+    try:
+        rest = b"".join(
+            (
+                REST.pack(
+                    kind,
+                    flag,
+                    queue_id,
+                    received_ms,
+                    deliver_at_ms,
+                    fired_at_ms,
+                    qoffset,
+                    ref,
+                    len(mid),
+                    len(top),
+                    kl,
+                    tl,
+                    pl,
+                    len(body),
+                ),
+                mid,
+                top,
+                kb,
+                tb,
+                pb,
+                body,
+            )
+        )
+    except struct.error as exc:
+        raise ValueError(f"record field out of range: {exc}") from None
+    return PRE.pack(MAGIC, PRE.size + len(rest), zlib.crc32(rest)) + rest
+
+
+def peek_length(buf: bytes | memoryview, off: int = 0) -> int:
+    """Length of the record starting at ``off`` (validates magic and bounds only)."""
+    if len(buf) - off < PRE.size:
+        raise CorruptRecord("short header")
+    magic, length, _ = PRE.unpack_from(buf, off)
+    if magic != MAGIC or length < HEADER_SIZE:
+        raise CorruptRecord("bad magic or length")
+    return int(length)
+
+
+def decode(buf: bytes | memoryview, off: int = 0) -> tuple[Record, int]:
+    """Decode the record at ``off``; returns it and its length. Raises CorruptRecord."""
+    avail = len(buf) - off
+    if avail < HEADER_SIZE:
+        raise CorruptRecord("short header")
+    magic, length, crc = PRE.unpack_from(buf, off)
+    if magic != MAGIC or length < HEADER_SIZE:
+        raise CorruptRecord("bad magic or length")
+    if length > avail:
+        raise CorruptRecord("truncated record")
+    mv = memoryview(buf)[off + PRE.size : off + length]
+    if zlib.crc32(mv) != crc:
+        raise CorruptRecord("crc mismatch")
+    (kind, flag, qid, rec_ms, dl_ms, fired, qoff, ref, lm, lt, lk, lg, lp, lb) = REST.unpack_from(
+        mv
+    )
+    if kind not in _KINDS:
+        raise CorruptRecord("unknown kind")
+    p = REST.size
+    try:
+        msg_id = bytes(mv[p : p + lm]).decode()
+        p += lm
+        topic = bytes(mv[p : p + lt]).decode()
+        p += lt
+        key = None
+        if lk != _NONE16:
+            key = bytes(mv[p : p + lk]).decode()
+            p += lk
+        tags = None
+        if lg != _NONE16:
+            tags = bytes(mv[p : p + lg]).decode()
+            p += lg
+        props = None
+        if lp != _NONE32:
+            props = _dec_props.decode(mv[p : p + lp])
+            p += lp
+        body = bytes(mv[p : p + lb])
+        p += lb
+    except (UnicodeDecodeError, msgspec.DecodeError) as exc:
+        raise CorruptRecord(f"bad field: {exc}") from None
+    if p != len(mv) or len(body) != lb:
+        raise CorruptRecord("field lengths do not add up")
+    rec = Record(
+        kind, flag, qid, rec_ms, dl_ms, fired, qoff, ref, msg_id, topic, key, tags, props, body
+    )
+    return rec, int(length)

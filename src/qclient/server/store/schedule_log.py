@@ -1,0 +1,30 @@
+"""Schedule log: one index file per time bucket of the deliver time.
+
+``bucket = deliver_at_ms // bucket_ms``. Each entry is fixed-size
+``(deliver_at_ms i64, position u64, size u32, kind i32)``: a message to fire
+(``KIND_MESSAGE``, position/size of its message-log record) or a cancel
+(``KIND_CANCEL``, position of the cancelled message). Entries are written by the replayer
+after the message log's group fsync; a replay resumed from an older checkpoint may append
+an entry twice, which the loader dedupes by position. Not thread-safe: the store calls it
+under its scheduler lock (``read`` excepted).
+"""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+from qclient.server.store._files import AppendFiles
+
+ENTRY = struct.Struct("<qQIi")
+
+
+class ScheduleLog(AppendFiles):
+    """Per-bucket schedule index files."""
+
+    def __init__(self, directory: Path, *, fsync: bool):
+        super().__init__(directory, ".sched", ENTRY.size, fsync=fsync)
+
+    def entries(self, bucket: int, upto: int | None = None) -> list[tuple[int, int, int, int]]:
+        """The bucket's entries in file order, up to ``upto`` bytes."""
+        return list(ENTRY.iter_unpack(self.read(bucket, upto)))

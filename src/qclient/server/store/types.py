@@ -1,0 +1,91 @@
+"""Public value types of the delay store: configuration, inputs, results, errors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+
+
+@dataclass
+class StoreConfig:
+    """Tunables of one :class:`~qclient.server.store.DelayStore` (one data directory)."""
+
+    data_dir: Path
+    segment_bytes: int = 256 << 20  # message-log segment size
+    bucket_ms: int = 3_600_000  # schedule-log time bucket (fixed at creation, see meta.json)
+    load_ahead_ms: int = 1_800_000  # load a bucket into the wheel this long before it starts
+    max_delay_ms: int = 40 * 86_400_000
+    dedupe_window_ms: int = 3_600_000  # msg ids remembered this long ...
+    dedupe_max_ids: int = 500_000  # ... and at most this many (oldest evicted)
+    fsync: bool = True  # False only for tests/benchmarks that say so
+    max_pending_messages: int = 50_000  # submit() raises StoreBusyError beyond it
+    sync_interval_ms: int = 10  # min gap between group fsyncs of the consume logs
+    checkpoint_interval_ms: int = 1_000  # replay checkpoint + consumer offsets flush period
+    retain_fired_ms: int = 600_000  # keep a fully fired bucket's files this long after its end
+    max_record_bytes: int = (16 << 20) - 1  # hard cap of one encoded record (wheel packing)
+
+    def __post_init__(self) -> None:
+        self.data_dir = Path(self.data_dir)
+        if self.bucket_ms <= 0 or self.segment_bytes <= 0 or self.load_ahead_ms < 0:
+            raise ValueError("bucket_ms and segment_bytes must be > 0, load_ahead_ms >= 0")
+
+
+class NewMessage(msgspec.Struct):
+    """One message to store, already validated by the app."""
+
+    topic: str
+    queue_id: int
+    msg_id: str
+    body: bytes
+    deliver_at_ms: int
+    key: str | None = None
+    tags: str | None = None
+    properties: dict[str, str] | None = None
+    flag: int = 0
+    received_ms: int = 0  # 0: the store's clock at submit()
+
+
+class StoreResult(msgspec.Struct):
+    """Outcome of one submitted message (``duplicate``: the original result, nothing stored)."""
+
+    msg_id: str
+    queue_id: int
+    deliver_at_ms: int
+    duplicate: bool = False
+
+
+class FiredMessage(msgspec.Struct):
+    """A message that fired, as read back from its topic queue's consume log."""
+
+    msg_id: str
+    topic: str
+    queue_id: int
+    offset: int
+    body: bytes
+    key: str | None
+    tags: str | None
+    properties: dict[str, str] | None
+    deliver_at_ms: int
+    fired_at_ms: int
+    flag: int = 0
+
+
+class CancelOutcome(msgspec.Struct):
+    """Outcome of a cancel: ``reason`` is None when cancelled."""
+
+    cancelled: bool
+    reason: str | None = None  # None | "not_found" | "already_fired" | "already_cancelled"
+
+
+class StoreError(Exception):
+    """The store cannot do what was asked (closed, I/O failure, corrupt state)."""
+
+
+class StoreBusyError(StoreError):
+    """Too many messages pending the group commit; retry later (back-pressure)."""
+
+
+class InvalidRecordError(StoreError, ValueError):
+    """A message the store refuses (bad topic/queue, too large, delay out of range)."""

@@ -1,0 +1,121 @@
+"""The in-memory due structure: a min-heap of packed ints over the *loaded* buckets.
+
+Each entry is one int ``deliver_at_ms << 64 | position << 24 | size`` (ms precision, ~48
+bytes per entry, compared natively by ``heapq``). Only buckets the loader has loaded
+(``load_ahead_ms`` before they start) have entries here; everything further out lives
+only in the schedule log on disk.
+
+Loading discipline (QMQ's loading cursor, done with one lock): the schedule log is only
+appended under the store's scheduler lock, and the replayer pushes a new entry straight
+into the heap when its bucket ``is_loaded`` -- which includes the bucket *being* loaded.
+The loader, under the lock, marks bucket ``b`` as loading and notes the file size as its
+cursor; it then reads ``[0, cursor)`` without the lock and merges under the lock. Entries
+appended after the cursor were pushed by the replayer, entries before it are read by the
+loader: none is lost and none is loaded twice.
+
+Every method must be called with the scheduler lock held.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+_POS_BITS = 40
+_SIZE_BITS = 24
+_POS_MASK = (1 << _POS_BITS) - 1
+_SIZE_MASK = (1 << _SIZE_BITS) - 1
+MAX_POSITION = _POS_MASK
+MAX_SIZE = _SIZE_MASK
+
+
+class BucketState:
+    """Bookkeeping of one loaded bucket."""
+
+    __slots__ = ("fired", "max_pos", "outstanding")
+
+    def __init__(self) -> None:
+        self.outstanding = 0  # pushed, not yet dispatched or skipped
+        self.fired: set[int] = set()  # positions fired (or being fired)
+        self.max_pos = -1  # highest message position seen in this bucket
+
+
+class Wheel:
+    """Min-heap of due entries plus the loaded/unloaded bucket sets."""
+
+    def __init__(self, bucket_ms: int):
+        self.bucket_ms = bucket_ms
+        self.heap: list[int] = []
+        self.loaded_upto = -1  # every bucket <= this is loaded
+        self.loaded_extra: set[int] = set()  # loaded buckets > loaded_upto
+        self.loading: int | None = None
+        self.unloaded: set[int] = set()  # buckets > loaded_upto with entries on disk
+        self.state: dict[int, BucketState] = {}
+        self.cancelled: dict[int, set[int]] = {}  # bucket -> cancelled positions
+
+    def bucket(self, deliver_at_ms: int) -> int:
+        return deliver_at_ms // self.bucket_ms
+
+    def is_loaded(self, b: int) -> bool:
+        return b <= self.loaded_upto or b == self.loading or b in self.loaded_extra
+
+    def state_for(self, b: int) -> BucketState:
+        st = self.state.get(b)
+        if st is None:
+            st = self.state[b] = BucketState()
+        return st
+
+    def is_cancelled(self, b: int, pos: int) -> bool:
+        s = self.cancelled.get(b)
+        return s is not None and pos in s
+
+    def cancel(self, b: int, pos: int) -> None:
+        self.cancelled.setdefault(b, set()).add(pos)
+
+    def push(self, deliver_at_ms: int, pos: int, size: int) -> bool:
+        """Add a due entry of a loaded bucket; True if it is the new earliest."""
+        key = (deliver_at_ms << 64) | (pos << _SIZE_BITS) | size
+        st = self.state_for(deliver_at_ms // self.bucket_ms)
+        st.outstanding += 1
+        if pos > st.max_pos:
+            st.max_pos = pos
+        heapq.heappush(self.heap, key)
+        return self.heap[0] == key
+
+    def note_position(self, b: int, pos: int) -> None:
+        """Remember that bucket ``b`` references ``pos`` (for safe file removal)."""
+        st = self.state_for(b)
+        if pos > st.max_pos:
+            st.max_pos = pos
+
+    def next_due(self) -> int | None:
+        return self.heap[0] >> 64 if self.heap else None
+
+    def pop_due(self, now_ms: int, limit: int) -> list[tuple[int, int, int]]:
+        """Pop up to ``limit`` entries due at ``now_ms``, skipping cancelled ones; each
+        returned ``(deliver_at_ms, position, size)`` is marked fired."""
+        heap = self.heap
+        out: list[tuple[int, int, int]] = []
+        bound = (now_ms + 1) << 64
+        while heap and heap[0] < bound and len(out) < limit:
+            key = heapq.heappop(heap)
+            deliver_at = key >> 64
+            pos = (key >> _SIZE_BITS) & _POS_MASK
+            b = deliver_at // self.bucket_ms
+            st = self.state_for(b)
+            if self.is_cancelled(b, pos) or pos in st.fired:
+                st.outstanding -= 1
+                continue
+            st.fired.add(pos)
+            out.append((deliver_at, pos, key & _SIZE_MASK))
+        return out
+
+    def dispatched(self, b: int, count: int) -> None:
+        """``count`` fired entries of bucket ``b`` are durably dispatched."""
+        st = self.state.get(b)
+        if st is not None:
+            st.outstanding -= count
+
+    def drop(self, b: int) -> None:
+        """Forget a fully fired bucket (its files are being removed)."""
+        self.state.pop(b, None)
+        self.cancelled.pop(b, None)
