@@ -298,3 +298,15 @@ def decode(data: bytes, typ: type[T], content_type: str = JSON) -> T:
 
 def valid_topic(topic: str) -> bool:
     return bool(TOPIC_RE.match(topic))
+
+
+def base_url(addr: str) -> str:
+    """``host:port`` → ``http://host:port``; an address with a scheme is kept."""
+    addr = addr.strip().rstrip("/")
+    return addr if "://" in addr else f"http://{addr}"
+
+
+def split_addrs(addrs: str | list[str] | tuple[str, ...]) -> list[str]:
+    """``"a:1,b:2"`` or a sequence → a clean list of addresses."""
+    items = addrs.split(",") if isinstance(addrs, str) else list(addrs)
+    return [a.strip() for a in items if a and a.strip()]

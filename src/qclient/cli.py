@@ -1,0 +1,359 @@
+"""The ``qclient`` command line (also ``python -m qclient``).
+
+Expected failures (bad arguments, unreachable name server, refused credentials) print
+one line on stderr and exit non-zero, without a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import re
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from .errors import QClientError
+
+log = logging.getLogger("qclient.cli")
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+
+
+class CliError(Exception):
+    """An expected failure: one line on stderr, exit 1."""
+
+
+def parse_duration(text: str) -> float:
+    """``"250ms"``, ``"5s"``, ``"2m"``, ``"1h"``, ``"3d"`` or plain seconds → seconds."""
+    m = _DURATION.match(text)
+    if not m:
+        raise argparse.ArgumentTypeError(
+            f"invalid duration {text!r} (use e.g. 500ms, 5s, 2m, 1h, 3d)")
+    return float(m.group(1)) * _UNITS[m.group(2)]
+
+
+def parse_datetime(text: str) -> datetime:
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid ISO 8601 time {text!r}") from None
+    if value.tzinfo is None:
+        raise argparse.ArgumentTypeError(
+            f"time {text!r} has no UTC offset (add e.g. +00:00 or Z)")
+    return value
+
+
+def _key_value(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key, value
+
+
+# --- commands -----------------------------------------------------------------------
+
+
+def cmd_namesrv(args: argparse.Namespace) -> int:
+    from .server.namesrv import NameServerConfig, run
+
+    cfg = NameServerConfig(
+        host=args.host, port=args.port,
+        heartbeat_interval_ms=int(args.heartbeat_interval * 1000),
+        broker_expire_ms=int(args.broker_expire * 1000),
+        tls_cert=args.tls_cert, tls_key=args.tls_key,
+        ready_file=args.ready_file, exit_with_parent=args.exit_with_parent)
+    asyncio.run(run(cfg))
+    return 0
+
+
+_STORE_INT_KEYS = {
+    "segment_bytes", "bucket_ms", "load_ahead_ms", "dedupe_window_ms", "dedupe_max_ids",
+    "max_pending_messages", "sync_interval_ms", "checkpoint_interval_ms", "retain_fired_ms",
+}
+
+
+def _store_options(pairs: list[tuple[str, str]]) -> dict[str, int | bool]:
+    out: dict[str, int | bool] = {}
+    for key, value in pairs:
+        if key == "fsync":
+            out[key] = value.lower() in ("1", "true", "yes", "on")
+        elif key in _STORE_INT_KEYS:
+            try:
+                out[key] = int(value)
+            except ValueError:
+                raise CliError(f"--store-option {key} needs an integer, got {value!r}") from None
+        else:
+            raise CliError(f"unknown --store-option {key!r} "
+                           f"(known: fsync, {', '.join(sorted(_STORE_INT_KEYS))})")
+    return out
+
+
+def cmd_broker(args: argparse.Namespace) -> int:
+    from .protocol.wire import split_addrs
+    from .server.broker import BrokerConfig, run
+
+    namesrv = split_addrs(args.namesrv)
+    if not namesrv:
+        raise CliError("--namesrv needs at least one HOST:PORT")
+    if args.auth_file and not os.path.isfile(args.auth_file):
+        raise CliError(f"auth file {args.auth_file} does not exist")
+    cfg = BrokerConfig(
+        name=args.name, data_dir=args.data_dir, namesrv=namesrv, host=args.host,
+        port=args.port, advertise_addr=args.advertise_addr, read_only=args.read_only,
+        auth_file=args.auth_file, auto_create_topics=not args.no_auto_create_topics,
+        default_queue_nums=args.default_queues,
+        heartbeat_interval_ms=int(args.heartbeat_interval * 1000),
+        max_delay_ms=int(args.max_delay * 1000),
+        store=_store_options(args.store_option or []),
+        tls_cert=args.tls_cert, tls_key=args.tls_key,
+        ready_file=args.ready_file, exit_with_parent=args.exit_with_parent)
+    asyncio.run(run(cfg))
+    return 0
+
+
+def cmd_dev(args: argparse.Namespace) -> int:
+    from .cluster import LocalCluster
+
+    stop = False
+
+    def on_signal(signum: int, frame: Any) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    cluster = LocalCluster(brokers=args.brokers, data_dir=args.data_dir,
+                           namesrv_port=args.port, host=args.host,
+                           heartbeat_interval=args.heartbeat_interval)
+    with cluster:
+        print(f"namesrv={cluster.namesrv}", flush=True)
+        for b in cluster.brokers:
+            print(f"broker={b.name} addr={b.addr} pid={b.pid}", flush=True)
+        print(f"data in {cluster.data_dir}; Ctrl-C to stop", file=sys.stderr, flush=True)
+        while not stop:
+            time.sleep(0.2)
+            for node in [*cluster.namesrv_nodes, *cluster.brokers]:
+                if not node.running:
+                    raise CliError(f"{node.role} {node.name} exited; see {node.log_path}")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    return run_demo(messages=args.messages, spread=args.spread, brokers=args.brokers)
+
+
+def _credentials(args: argparse.Namespace) -> dict[str, str | None]:
+    return {
+        "access_key": args.access_key or os.environ.get("QCLIENT_ACCESS_KEY"),
+        "secret_key": args.secret_key or os.environ.get("QCLIENT_SECRET_KEY"),
+    }
+
+
+def cmd_send(args: argparse.Namespace) -> int:
+    from .producer import Producer
+
+    props = dict(args.property or [])
+    with Producer(args.namesrv, start_detector_enable=False, **_credentials(args)) as producer:
+        if args.delay is not None or args.at is not None:
+            result = producer.send_delayed(args.topic, args.body, delay=args.delay,
+                                           deliver_at=args.at, key=args.key, tags=args.tags,
+                                           properties=props or None, msg_id=args.msg_id)
+        else:
+            result = producer.send(args.topic, args.body, key=args.key, tags=args.tags,
+                                   properties=props or None, msg_id=args.msg_id)
+    print(json.dumps({
+        "msg_id": result.msg_id, "status": str(result.status), "broker": result.broker_name,
+        "queue_id": result.queue_id, "deliver_at": result.deliver_at.isoformat(),
+        "deliver_at_ms": result.deliver_at_ms,
+    }))
+    return 0
+
+
+def cmd_route(args: argparse.Namespace) -> int:
+    from .protocol import wire
+    from .routing.nameserver import NameServerClient
+
+    with NameServerClient(args.namesrv) as ns:
+        route = ns.get_route(args.topic)
+    print(wire.encode(route).decode())
+    return 0
+
+
+def cmd_topic_create(args: argparse.Namespace) -> int:
+    from .protocol import wire
+    from .routing.nameserver import NameServerClient
+    from .transport.errors import error_for_code, parse_error_response
+    from .transport.http import Credentials, SyncHttp
+
+    creds = _credentials(args)
+    credentials = (Credentials(creds["access_key"], creds["secret_key"])
+                   if creds["access_key"] and creds["secret_key"] else None)
+    http = SyncHttp(content_type=wire.JSON, credentials=credentials)
+    try:
+        with NameServerClient(args.namesrv, http=http) as ns:
+            brokers = ns.list_brokers().brokers
+        if not brokers:
+            raise CliError("no broker is registered with the name server")
+        body = wire.encode(wire.CreateTopicRequest(args.topic, args.queues))
+        for b in brokers:
+            try:
+                resp = http.request("POST", b.addr, wire.BROKER_TOPICS, body, timeout=5.0)
+            except Exception as exc:
+                raise CliError(f"broker {b.broker_name} at {b.addr}: {exc}") from None
+            if resp.status != 200:
+                code, message = parse_error_response(resp)
+                raise error_for_code(code, message, broker=b.broker_name, topic=args.topic)
+            print(f"created {args.topic} with {args.queues} queues on {b.broker_name} ({b.addr})")
+    finally:
+        http.close()
+    return 0
+
+
+def cmd_consume(args: argparse.Namespace) -> int:
+    from .consumer import Consumer
+
+    got = 0
+    deadline = time.monotonic() + args.timeout
+    with Consumer(args.namesrv, args.topic, args.group, **_credentials(args)) as consumer:
+        while got < args.max and time.monotonic() < deadline:
+            remaining = deadline - time.monotonic()
+            batch = consumer.poll(min(32, args.max - got), timeout=min(1.0, remaining))
+            for m in batch:
+                print(json.dumps({
+                    "msg_id": m.msg_id, "topic": m.topic, "key": m.key, "tags": m.tags,
+                    "body": m.body.decode("utf-8", "replace"), "broker": m.broker_name,
+                    "queue_id": m.queue_id, "offset": m.offset,
+                    "deliver_at_ms": m.deliver_at_ms, "fired_at_ms": m.fired_at_ms,
+                    "properties": m.properties,
+                }), flush=True)
+            got += len(batch)
+    return 0
+
+
+# --- parser -------------------------------------------------------------------------
+
+
+def _add_auth(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--access-key", help="access key (or QCLIENT_ACCESS_KEY)")
+    p.add_argument("--secret-key", help="secret key (or QCLIENT_SECRET_KEY)")
+
+
+def _add_server(p: argparse.ArgumentParser, port: int) -> None:
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=int, default=port, help="port (0 = a free one)")
+    p.add_argument("--tls-cert", help="serve HTTPS with this certificate (PEM)")
+    p.add_argument("--tls-key", help="private key of --tls-cert (PEM)")
+    p.add_argument("--log-level", default="INFO")
+    p.add_argument("--ready-file", help=argparse.SUPPRESS)
+    p.add_argument("--exit-with-parent", type=int, help=argparse.SUPPRESS)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="qclient", description="Delayed messages: SDK, "
+                                     "name server, delay broker.")
+    parser.add_argument("--version", action="version", version="qclient 0.1.0")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("namesrv", help="run a name server in the foreground")
+    _add_server(p, 9876)
+    p.add_argument("--heartbeat-interval", type=float, default=30.0,
+                   help="seconds between broker heartbeats the brokers are told to use")
+    p.add_argument("--broker-expire", type=float, default=120.0,
+                   help="seconds without a heartbeat after which a broker leaves the routes")
+    p.set_defaults(func=cmd_namesrv)
+
+    p = sub.add_parser("broker", help="run a broker in the foreground")
+    p.add_argument("--name", required=True)
+    p.add_argument("--data-dir", required=True)
+    p.add_argument("--namesrv", required=True, help="HOST:PORT[,HOST:PORT]")
+    _add_server(p, 10911)
+    p.add_argument("--advertise-addr", help="HOST:PORT registered with the name servers")
+    p.add_argument("--read-only", action="store_true", help="register without the write perm")
+    p.add_argument("--auth-file", help="accept only signed requests of these accounts")
+    p.add_argument("--no-auto-create-topics", action="store_true")
+    p.add_argument("--default-queues", type=int, default=4)
+    p.add_argument("--heartbeat-interval", type=float, default=30.0, help="seconds")
+    p.add_argument("--max-delay", type=parse_duration, default=40 * 86400.0,
+                   help="longest accepted delay (default 40d)")
+    p.add_argument("--store-option", type=_key_value, action="append", metavar="KEY=VALUE",
+                   help="storage tunable, e.g. bucket_ms=60000 (repeatable)")
+    p.set_defaults(func=cmd_broker)
+
+    p = sub.add_parser("dev", help="run a name server and N brokers until Ctrl-C")
+    p.add_argument("--brokers", type=int, default=2)
+    p.add_argument("--data-dir")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=9876, help="name server port (0 = free)")
+    p.add_argument("--heartbeat-interval", type=float, default=5.0)
+    p.set_defaults(func=cmd_dev)
+
+    p = sub.add_parser("demo", help="the main job on an embedded cluster")
+    p.add_argument("--messages", type=int, default=300)
+    p.add_argument("--spread", type=parse_duration, default=4.0,
+                   help="delays are spread over this long (default 4s)")
+    p.add_argument("--brokers", type=int, default=2)
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("send", help="send one message and print its result")
+    p.add_argument("--namesrv", required=True)
+    p.add_argument("--topic", required=True)
+    when = p.add_mutually_exclusive_group()
+    when.add_argument("--delay", type=parse_duration, help="e.g. 5s, 250ms, 2h")
+    when.add_argument("--at", type=parse_datetime, help="ISO 8601 with a UTC offset")
+    p.add_argument("--key")
+    p.add_argument("--tags")
+    p.add_argument("--msg-id")
+    p.add_argument("--property", type=_key_value, action="append", metavar="KEY=VALUE")
+    _add_auth(p)
+    p.add_argument("body")
+    p.set_defaults(func=cmd_send)
+
+    p = sub.add_parser("route", help="print a topic's route")
+    p.add_argument("--namesrv", required=True)
+    p.add_argument("topic")
+    p.set_defaults(func=cmd_route)
+
+    p = sub.add_parser("topic", help="topic administration")
+    tsub = p.add_subparsers(dest="topic_command", required=True, metavar="ACTION")
+    tc = tsub.add_parser("create", help="create a topic on every broker")
+    tc.add_argument("--namesrv", required=True)
+    tc.add_argument("--queues", type=int, default=4)
+    _add_auth(tc)
+    tc.add_argument("topic")
+    tc.set_defaults(func=cmd_topic_create)
+
+    p = sub.add_parser("consume", help="print delivered messages")
+    p.add_argument("--namesrv", required=True)
+    p.add_argument("--topic", required=True)
+    p.add_argument("--group", required=True)
+    p.add_argument("--max", type=int, default=100)
+    p.add_argument("--timeout", type=parse_duration, default=10.0)
+    _add_auth(p)
+    p.set_defaults(func=cmd_consume)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    level = getattr(args, "log_level", None) or os.environ.get("QCLIENT_LOG_LEVEL", "WARNING")
+    logging.basicConfig(level=level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+    except (CliError, QClientError, OSError, ValueError) as exc:
+        msg = " ".join(str(exc).split()) or type(exc).__name__
+        print(f"qclient: error: {msg}", file=sys.stderr)
+        return 1

@@ -1,0 +1,371 @@
+"""The delay broker's HTTP API (see docs/PROTOCOL.md) over a :class:`DelayStore`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from ...protocol import wire
+from ...protocol.wire import ErrorCode
+from .._http import ApiError, make_app, read_body, reply, serve, ssl_context
+from ..store import (
+    DelayStore,
+    NewMessage,
+    StoreBusyError,
+    StoreConfig,
+    StoreError,
+)
+from .config import BrokerConfig
+from .heartbeat import Heartbeat
+from .topics import TopicRegistry
+
+log = logging.getLogger(__name__)
+
+MSG_ID_RE = re.compile(r"^[\x21-\x7e]{1,128}$")
+MAX_KEY_CHARS = 1024
+MAX_TAGS_CHARS = 256
+MAX_PROPERTIES = 64
+MAX_PROPERTY_CHARS = 4096
+MAX_QUEUES = 256
+KNOWN_FLAGS = wire.FLAG_COMPRESSED
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class Broker:
+    """State of one broker process: topics, store, heartbeat, waiting consumers."""
+
+    def __init__(self, config: BrokerConfig) -> None:
+        self.config = config
+        data_dir = Path(config.data_dir)
+        data_dir.mkdir(parents=True, exist_ok=True)
+        self.topics = TopicRegistry(data_dir / "topics.json")
+        store_cfg = StoreConfig(data_dir=data_dir / "store",
+                                max_delay_ms=config.max_delay_ms, **config.store)  # type: ignore[arg-type]
+        self.store = DelayStore(store_cfg)
+        self.perm = wire.PERM_READ if config.read_only else wire.PERM_READ_WRITE
+        self.heartbeat: Heartbeat | None = None
+        self.authorizer: Any = None  # set when --auth-file is given
+        self._waiters: dict[str, set[asyncio.Future[None]]] = defaultdict(set)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.counters: dict[str, int] = defaultdict(int)
+
+    # --- lifecycle ------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        await asyncio.to_thread(self.store.open)
+        self.store.add_fire_listener(self._on_fired)
+
+    async def register(self, addr: str) -> None:
+        if self.config.advertise_addr is None:
+            scheme = "https://" if self.config.tls_cert else ""
+            self.config.advertise_addr = scheme + addr
+        self.heartbeat = Heartbeat(self.config.namesrv, self.config.heartbeat_interval_ms,
+                                   self.registration)
+        await self.heartbeat.start()
+
+    async def stop(self) -> None:
+        if self.heartbeat is not None:
+            await self.heartbeat.stop(wire.BrokerUnregistration(self.config.name,
+                                                                self.config.addr))
+        await asyncio.to_thread(self.store.close)
+
+    def registration(self) -> wire.BrokerRegistration:
+        return wire.BrokerRegistration(
+            broker_name=self.config.name,
+            addr=self.config.addr,
+            perm=self.perm,
+            auto_create_topics=self.config.auto_create_topics,
+            default_queue_nums=self.config.default_queue_nums,
+            topics=self.topics.all(),
+        )
+
+    # --- consumers waiting for fired messages ---------------------------------------
+
+    def _on_fired(self, topics: set[str]) -> None:  # firing thread
+        if self._loop is not None and not self._loop.is_closed():
+            with contextlib.suppress(RuntimeError):
+                self._loop.call_soon_threadsafe(self._wake, topics)
+
+    def _wake(self, topics: set[str]) -> None:
+        for topic in topics:
+            for fut in self._waiters.pop(topic, ()):
+                if not fut.done():
+                    fut.set_result(None)
+
+    async def wait_fired(self, topic: str, timeout: float) -> None:
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters[topic].add(fut)
+        try:
+            await asyncio.wait_for(fut, timeout)
+        except TimeoutError:
+            pass
+        finally:
+            self._waiters[topic].discard(fut)
+
+    # --- topics ---------------------------------------------------------------------
+
+    def ensure_topic(self, topic: str) -> wire.TopicConfig | None:
+        cfg = self.topics.get(topic)
+        if cfg is None and self.config.auto_create_topics and not self.config.read_only:
+            cfg, changed = self.topics.put(topic, self.config.default_queue_nums,
+                                           wire.PERM_READ_WRITE)
+            if changed and self.heartbeat is not None:
+                self.heartbeat.kick()
+        return cfg
+
+    # --- validation -----------------------------------------------------------------
+
+    def check_message(self, i: int, m: wire.WireMessage, now_ms: int) -> int:
+        """Validate one message; returns its deliver time (broker clock for delay_ms)."""
+        where = f"messages[{i}]"
+        if not wire.valid_topic(m.topic):
+            raise ApiError(400, ErrorCode.INVALID_TOPIC,
+                           f"{where}.topic {m.topic[:140]!r} must match {wire.TOPIC_RE.pattern}")
+        if not MSG_ID_RE.match(m.msg_id):
+            raise ApiError(400, ErrorCode.INVALID_MESSAGE,
+                           f"{where}.msg_id must be 1-128 printable ASCII characters")
+        if len(m.body) > self.config.max_message_size:
+            raise ApiError(413, ErrorCode.MESSAGE_TOO_LARGE,
+                           f"{where}.body is {len(m.body)} bytes, the limit is "
+                           f"{self.config.max_message_size}")
+        if m.queue_id < 0 or m.queue_id >= MAX_QUEUES:
+            raise ApiError(400, ErrorCode.INVALID_MESSAGE, f"{where}.queue_id out of range")
+        if m.key is not None and len(m.key) > MAX_KEY_CHARS:
+            raise ApiError(400, ErrorCode.INVALID_MESSAGE,
+                           f"{where}.key longer than {MAX_KEY_CHARS} characters")
+        if m.tags is not None and len(m.tags) > MAX_TAGS_CHARS:
+            raise ApiError(400, ErrorCode.INVALID_MESSAGE,
+                           f"{where}.tags longer than {MAX_TAGS_CHARS} characters")
+        if m.properties is not None:
+            if len(m.properties) > MAX_PROPERTIES:
+                raise ApiError(400, ErrorCode.INVALID_MESSAGE,
+                               f"{where}.properties has more than {MAX_PROPERTIES} entries")
+            for k, v in m.properties.items():
+                if len(k) > 256 or len(v) > MAX_PROPERTY_CHARS:
+                    raise ApiError(400, ErrorCode.INVALID_MESSAGE,
+                                   f"{where}.properties entry too long")
+        if m.flag & ~KNOWN_FLAGS:
+            raise ApiError(400, ErrorCode.INVALID_MESSAGE, f"{where}.flag has unknown bits")
+        max_delay = self.config.max_delay_ms
+        if m.delay_ms is not None and m.deliver_at_ms is not None:
+            raise ApiError(400, ErrorCode.INVALID_DELAY,
+                           f"{where}: give delay_ms or deliver_at_ms, not both")
+        if m.delay_ms is not None:
+            if m.delay_ms < 0 or m.delay_ms > max_delay:
+                raise ApiError(400, ErrorCode.INVALID_DELAY,
+                               f"{where}.delay_ms must be 0..{max_delay}, got {m.delay_ms}")
+            return now_ms + m.delay_ms
+        if m.deliver_at_ms is not None:
+            if m.deliver_at_ms < 0 or m.deliver_at_ms - now_ms > max_delay:
+                raise ApiError(400, ErrorCode.INVALID_DELAY,
+                               f"{where}.deliver_at_ms is more than {max_delay} ms ahead "
+                               "(the broker's maximum delay) or negative")
+            return m.deliver_at_ms
+        return now_ms
+
+    async def authorize(self, request: web.Request, topics: set[str]) -> None:
+        if self.authorizer is not None:
+            self.authorizer.check_topics(request, topics)
+
+    # --- handlers -------------------------------------------------------------------
+
+    async def send(self, request: web.Request) -> web.Response:
+        body = await read_body(request, wire.SendRequest)
+        count = len(body.messages)
+        if count == 0:
+            raise ApiError(400, ErrorCode.INVALID_REQUEST, "messages is empty")
+        if count > self.config.max_batch_messages:
+            raise ApiError(413, ErrorCode.BATCH_TOO_LARGE,
+                           f"{count} messages in one request, the limit is "
+                           f"{self.config.max_batch_messages}")
+        now = _now_ms()
+        deliver = [self.check_message(i, m, now) for i, m in enumerate(body.messages)]
+        await self.authorize(request, {m.topic for m in body.messages})
+        if self.config.read_only:
+            raise ApiError(403, ErrorCode.NOT_WRITABLE,
+                           f"broker {self.config.name} is read-only")
+        results: list[wire.MessageResult | None] = [None] * count
+        to_store: list[NewMessage] = []
+        index: list[int] = []
+        for i, m in enumerate(body.messages):
+            cfg = self.ensure_topic(m.topic)
+            if cfg is None:
+                results[i] = wire.MessageResult(
+                    m.msg_id, ErrorCode.TOPIC_NOT_FOUND, m.queue_id,
+                    error=f"topic {m.topic!r} does not exist on broker {self.config.name}")
+                continue
+            if not cfg.perm & wire.PERM_WRITE or m.queue_id >= cfg.write_queue_nums:
+                results[i] = wire.MessageResult(
+                    m.msg_id, ErrorCode.NOT_WRITABLE, m.queue_id,
+                    error=f"queue {m.queue_id} of topic {m.topic!r} is not writable on "
+                          f"broker {self.config.name}")
+                continue
+            to_store.append(NewMessage(
+                topic=m.topic, queue_id=m.queue_id, msg_id=m.msg_id, body=m.body,
+                deliver_at_ms=deliver[i], key=m.key, tags=m.tags, properties=m.properties,
+                flag=m.flag, received_ms=now))
+            index.append(i)
+        if to_store:
+            try:
+                stored = await asyncio.wrap_future(self.store.submit(to_store))
+            except StoreBusyError as exc:
+                raise ApiError(503, ErrorCode.BROKER_BUSY, f"broker busy: {exc}") from None
+            except StoreError as exc:
+                log.error("store error: %s", exc)
+                raise ApiError(500, ErrorCode.STORE_ERROR, f"store error: {exc}") from None
+            for i, r in zip(index, stored, strict=True):
+                results[i] = wire.MessageResult(r.msg_id, wire.SEND_OK, r.queue_id,
+                                                r.deliver_at_ms)
+                self.counters["duplicates" if r.duplicate else "stored"] += 1
+        self.counters["send_requests"] += 1
+        return reply(request, wire.SendResponse(self.config.name,
+                                                [r for r in results if r is not None]))
+
+    async def cancel(self, request: web.Request) -> web.Response:
+        body = await read_body(request, wire.CancelRequest)
+        if not wire.valid_topic(body.topic):
+            raise ApiError(400, ErrorCode.INVALID_TOPIC, f"invalid topic name {body.topic!r}")
+        if not MSG_ID_RE.match(body.msg_id):
+            raise ApiError(400, ErrorCode.INVALID_MESSAGE, "msg_id must be 1-128 printable ASCII")
+        await self.authorize(request, {body.topic})
+        try:
+            outcome = await asyncio.wrap_future(
+                self.store.cancel(body.topic, body.msg_id, body.deliver_at_ms))
+        except StoreError as exc:
+            raise ApiError(500, ErrorCode.STORE_ERROR, f"store error: {exc}") from None
+        self.counters["cancelled" if outcome.cancelled else "cancel_misses"] += 1
+        return reply(request, wire.CancelResponse(outcome.cancelled, outcome.reason))
+
+    async def pull(self, request: web.Request) -> web.Response:
+        body = await read_body(request, wire.PullRequest)
+        if not wire.valid_topic(body.topic):
+            raise ApiError(400, ErrorCode.INVALID_TOPIC, f"invalid topic name {body.topic!r}")
+        if not wire.GROUP_RE.match(body.group):
+            raise ApiError(400, ErrorCode.INVALID_REQUEST,
+                           f"invalid group name {body.group!r}: must match {wire.GROUP_RE.pattern}")
+        if not 0 <= body.max_messages <= self.config.max_pull_messages:
+            raise ApiError(400, ErrorCode.INVALID_REQUEST,
+                           f"max_messages must be 0..{self.config.max_pull_messages}")
+        if not 0 <= body.wait_ms <= self.config.max_pull_wait_ms:
+            raise ApiError(400, ErrorCode.INVALID_REQUEST,
+                           f"wait_ms must be 0..{self.config.max_pull_wait_ms}")
+        await self.authorize(request, {body.topic})
+        cfg = self.topics.get(body.topic)
+        if cfg is None:
+            raise ApiError(404, ErrorCode.TOPIC_NOT_FOUND,
+                           f"topic {body.topic!r} does not exist on broker {self.config.name}")
+        for queue_id, offset in body.commits.items():
+            if not 0 <= queue_id < cfg.read_queue_nums:
+                raise ApiError(400, ErrorCode.INVALID_REQUEST,
+                               f"commit for queue {queue_id}: no such queue")
+            top = self.store.max_offset(body.topic, queue_id)
+            if not 0 <= offset <= top:
+                raise ApiError(400, ErrorCode.INVALID_REQUEST,
+                               f"commit offset {offset} for queue {queue_id} is outside 0..{top}")
+        for queue_id, offset in body.commits.items():
+            self.store.commit_offset(body.group, body.topic, queue_id, offset)
+        messages = self._read(body.topic, body.group, cfg.read_queue_nums, body.max_messages)
+        if not messages and body.wait_ms > 0 and body.max_messages > 0:
+            await self.wait_fired(body.topic, body.wait_ms / 1000)
+            messages = self._read(body.topic, body.group, cfg.read_queue_nums,
+                                  body.max_messages)
+        next_offsets: dict[int, int] = {}
+        for m in messages:
+            next_offsets[m.queue_id] = max(next_offsets.get(m.queue_id, 0), m.offset + 1)
+        self.counters["pulled"] += len(messages)
+        return reply(request, wire.PullResponse(self.config.name, messages, next_offsets))
+
+    def _read(self, topic: str, group: str, queues: int, limit: int) -> list[wire.PulledMessage]:
+        out: list[wire.PulledMessage] = []
+        if limit <= 0:
+            return out
+        # Fair share per queue first, then fill up from whichever has more.
+        share = max(1, limit // max(1, queues))
+        offsets = {q: self.store.committed_offset(group, topic, q) for q in range(queues)}
+        for rounds in (share, limit):
+            for q in range(queues):
+                room = min(rounds, limit - len(out))
+                if room <= 0:
+                    break
+                for f in self.store.pull(topic, q, offsets[q], room):
+                    out.append(wire.PulledMessage(
+                        msg_id=f.msg_id, topic=f.topic, body=f.body, queue_id=f.queue_id,
+                        offset=f.offset, deliver_at_ms=f.deliver_at_ms,
+                        fired_at_ms=f.fired_at_ms, key=f.key, tags=f.tags,
+                        properties=f.properties, flag=f.flag))
+                    offsets[q] = f.offset + 1
+        return out
+
+    async def create_topic(self, request: web.Request) -> web.Response:
+        body = await read_body(request, wire.CreateTopicRequest)
+        if not wire.valid_topic(body.topic):
+            raise ApiError(400, ErrorCode.INVALID_TOPIC,
+                           f"invalid topic name {body.topic!r}: must match {wire.TOPIC_RE.pattern}")
+        if not 1 <= body.queues <= MAX_QUEUES:
+            raise ApiError(400, ErrorCode.INVALID_REQUEST, f"queues must be 1..{MAX_QUEUES}")
+        if body.perm & ~wire.PERM_READ_WRITE or not body.perm:
+            raise ApiError(400, ErrorCode.INVALID_REQUEST, "perm must be 2, 4 or 6")
+        await self.authorize(request, {body.topic})
+        cfg, changed = self.topics.put(body.topic, body.queues, body.perm)
+        if changed and self.heartbeat is not None:
+            await self.heartbeat.register_all()
+        return reply(request, wire.TopicList({body.topic: cfg}))
+
+    async def list_topics(self, request: web.Request) -> web.Response:
+        return reply(request, wire.TopicList(self.topics.all()))
+
+    async def health(self, request: web.Request) -> web.Response:
+        return reply(request, wire.Health(status="ok", name=self.config.name, role="broker",
+                                          perm=self.perm))
+
+    async def stats(self, request: web.Request) -> web.Response:
+        data: dict[str, Any] = {"broker_name": self.config.name, **self.counters}
+        data["store"] = self.store.stats()
+        return reply(request, data)
+
+
+def create_app(config: BrokerConfig) -> tuple[web.Application, Broker]:
+    broker = Broker(config)
+    middlewares: list[Any] = []
+    if config.auth_file:
+        from .._auth import Authorizer, auth_middleware
+
+        broker.authorizer = Authorizer.from_file(config.auth_file)
+        middlewares.append(auth_middleware(broker.authorizer))
+    app = make_app(config.max_request_bytes, middlewares)
+    app["broker"] = broker
+    app.router.add_post(wire.BROKER_SEND, broker.send)
+    app.router.add_post(wire.BROKER_CANCEL, broker.cancel)
+    app.router.add_post(wire.BROKER_PULL, broker.pull)
+    app.router.add_post(wire.BROKER_TOPICS, broker.create_topic)
+    app.router.add_get(wire.BROKER_TOPICS, broker.list_topics)
+    app.router.add_get(wire.BROKER_STATS, broker.stats)
+    app.router.add_get(wire.HEALTH, broker.health)
+    return app, broker
+
+
+async def run(config: BrokerConfig) -> None:
+    # Short GIL slices keep the firing thread's lateness low next to the event loop.
+    sys.setswitchinterval(0.001)
+    app, broker = create_app(config)
+    await broker.start()
+    try:
+        await serve(app, config.host, config.port,
+                    ssl_ctx=ssl_context(config.tls_cert, config.tls_key),
+                    ready_file=config.ready_file, on_ready=broker.register,
+                    exit_with_parent=config.exit_with_parent)
+    finally:
+        await broker.stop()

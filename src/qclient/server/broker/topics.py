@@ -1,0 +1,52 @@
+"""The broker's topic table, persisted as JSON (written atomically)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from pathlib import Path
+
+from ...protocol import wire
+
+log = logging.getLogger(__name__)
+
+
+class TopicRegistry:
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._lock = threading.Lock()
+        self._topics: dict[str, wire.TopicConfig] = {}
+        if path.exists():
+            raw = json.loads(path.read_text())
+            for name, cfg in raw.items():
+                if wire.valid_topic(name):
+                    self._topics[name] = wire.TopicConfig(**cfg)
+
+    def get(self, topic: str) -> wire.TopicConfig | None:
+        return self._topics.get(topic)
+
+    def all(self) -> dict[str, wire.TopicConfig]:
+        return dict(self._topics)
+
+    def put(self, topic: str, queues: int, perm: int) -> tuple[wire.TopicConfig, bool]:
+        """Create or update a topic; returns (config, changed)."""
+        cfg = wire.TopicConfig(read_queue_nums=queues, write_queue_nums=queues, perm=perm)
+        with self._lock:
+            if self._topics.get(topic) == cfg:
+                return cfg, False
+            self._topics[topic] = cfg
+            self._save()
+        log.info("topic %s: %d queues, perm %d", topic, queues, perm)
+        return cfg, True
+
+    def _save(self) -> None:
+        data = {n: {"read_queue_nums": c.read_queue_nums, "write_queue_nums": c.write_queue_nums,
+                    "perm": c.perm} for n, c in self._topics.items()}
+        tmp = self._path.with_suffix(".tmp")
+        with open(tmp, "w") as fh:
+            json.dump(data, fh, sort_keys=True)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, self._path)
