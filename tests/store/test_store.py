@@ -1,0 +1,240 @@
+"""DelayStore behaviour on a live store (real files, real threads)."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import pytest
+
+from qclient.server.store import (
+    CancelOutcome,
+    InvalidRecordError,
+    NewMessage,
+    StoreBusyError,
+    StoreError,
+    wall_clock_ms,
+)
+from tests.store.conftest import FakeClock, msg, pull_all, visible, wait_until
+
+
+def test_round_trip_fields_and_results(make_store) -> None:
+    s = make_store(fsync=True)
+    now = wall_clock_ms()
+    m = NewMessage("orders", 2, "id-1", b"\x00body", now, key="k", tags="a||b",
+                   properties={"x": "1", "y": ""}, flag=1)
+    res = s.submit([m]).result(timeout=10)
+    assert [(r.msg_id, r.queue_id, r.deliver_at_ms, r.duplicate) for r in res] == [
+        ("id-1", 2, now, False)]
+    wait_until(lambda: s.max_offset("orders", 2) == 1)
+    [f] = s.pull("orders", 2, 0, 10)
+    assert (f.msg_id, f.topic, f.queue_id, f.offset, f.body, f.key, f.tags, f.properties,
+            f.deliver_at_ms, f.flag) == ("id-1", "orders", 2, 0, b"\x00body", "k", "a||b",
+                                         {"x": "1", "y": ""}, now, 1)
+    assert f.fired_at_ms >= now
+    assert s.pull("orders", 2, 1, 10) == []
+    assert s.pull("orders", 1, 0, 10) == []
+    assert s.pull("nope", 0, 0, 10) == []
+    st = s.stats()
+    assert st["appended"] == 1 and st["fsyncs"] >= 1 and st["fired"] == 1
+
+
+def test_none_early_real_clock(make_store) -> None:
+    """Every message becomes visible no earlier than its deliver time, and all arrive."""
+    s = make_store(fsync=True, bucket_ms=200, load_ahead_ms=100)
+    rng = random.Random(7)
+    now = wall_clock_ms()
+    msgs = [msg(i, now + rng.randrange(0, 600)) for i in range(2000)]
+    futs = [s.submit(msgs[i : i + 256]) for i in range(0, len(msgs), 256)]
+    for f in futs:
+        f.result(timeout=10)
+    seen: dict[str, int] = {}
+    offs = [0] * 4
+    deadline = time.monotonic() + 10
+    while len(seen) < len(msgs) and time.monotonic() < deadline:
+        for q in range(4):
+            got = s.pull("t", q, offs[q], 500)
+            t_seen = wall_clock_ms()
+            for f in got:
+                assert t_seen >= f.deliver_at_ms, "visible before its time"
+                assert f.fired_at_ms >= f.deliver_at_ms
+                seen[f.msg_id] = f.fired_at_ms
+            if got:
+                offs[q] = got[-1].offset + 1
+        time.sleep(0.002)
+    assert len(seen) == len(msgs)
+    assert sum(offs) == len(msgs)  # no duplicates
+
+
+def test_not_visible_before_time_fake_clock(make_store) -> None:
+    clock = FakeClock(1_000_000_000)
+    s = make_store(clock=clock)
+    s.submit([msg(0, clock.now + 100), msg(1, clock.now + 100)]).result(timeout=10)
+    clock.advance(99)
+    # the firing thread re-reads the clock at least every 50 ms: give it a few rounds
+    time.sleep(0.2)
+    assert visible(s, "t") == 0
+    assert s.stats()["wheel_size"] == 2
+    clock.advance(1)
+    wait_until(lambda: visible(s, "t") == 2)
+    assert all(f.fired_at_ms == clock.now for f in pull_all(s, "t"))
+
+
+def test_millisecond_ordering(make_store) -> None:
+    clock = FakeClock(2_000_000_000)
+    s = make_store(clock=clock)
+    times = list(range(clock.now + 10, clock.now + 510))
+    random.Random(1).shuffle(times)
+    s.submit([NewMessage("t", 0, f"id{t}", b"", t) for t in times]).result(timeout=10)
+    clock.advance(1000)
+    wait_until(lambda: s.max_offset("t", 0) == 500)
+    got = s.pull("t", 0, 0, 1000)
+    assert [f.deliver_at_ms for f in got] == sorted(times)
+
+
+def test_overdue_fires_at_once(make_store) -> None:
+    s = make_store()
+    now = wall_clock_ms()
+    s.submit([msg(i, now - 60_000 - i) for i in range(10)]).result(timeout=10)
+    wait_until(lambda: visible(s, "t") == 10, timeout=5)
+
+
+def test_far_future_stays_on_disk(make_store) -> None:
+    s = make_store(bucket_ms=60_000, load_ahead_ms=60_000)
+    week = wall_clock_ms() + 7 * 86_400_000
+    for i in range(0, 5000, 500):
+        s.submit([msg(j, week + j) for j in range(i, i + 500)]).result(timeout=10)
+    st = s.stats()
+    assert st["wheel_size"] == 0
+    assert st["active_buckets"] == 0
+    assert 1 <= st["unloaded_buckets"] <= 2  # 5 s of deliver times may straddle a bucket
+    assert st["appended"] == 5000
+
+
+def test_dedupe_same_batch_inflight_and_later(make_store) -> None:
+    s = make_store(fsync=True)
+    at = wall_clock_ms() + 60_000
+    a = NewMessage("t", 1, "dup", b"a", at)
+    b = NewMessage("t", 3, "dup", b"b", at + 5)  # same id, other content: still a duplicate
+    f1 = s.submit([a, b, a])
+    f2 = s.submit([b])  # likely still in flight
+    r1, r2 = f1.result(timeout=10), f2.result(timeout=10)
+    assert [r.duplicate for r in r1] == [False, True, True]
+    assert all((r.queue_id, r.deliver_at_ms) == (1, at) for r in r1 + r2)
+    assert r2[0].duplicate
+    r3 = s.submit([b]).result(timeout=10)[0]
+    assert (r3.duplicate, r3.queue_id, r3.deliver_at_ms) == (True, 1, at)
+    assert s.stats()["appended"] == 1
+
+
+def test_dedupe_window_expires(make_store) -> None:
+    clock = FakeClock(3_000_000_000)
+    s = make_store(clock=clock, dedupe_window_ms=10_000)
+    m = msg(0, clock.now + 10**6)
+    assert not s.submit([m]).result(timeout=10)[0].duplicate
+    clock.advance(5_000)
+    assert s.submit([m]).result(timeout=10)[0].duplicate
+    clock.advance(7_000)
+    s.submit([msg(1, clock.now + 10**6)]).result(timeout=10)  # triggers expiry
+    assert not s.submit([m]).result(timeout=10)[0].duplicate
+
+
+def test_dedupe_count_bound(make_store) -> None:
+    s = make_store(dedupe_max_ids=100)
+    at = wall_clock_ms() + 10**6
+    s.submit([msg(i, at) for i in range(300)]).result(timeout=10)
+    assert s.stats()["dedupe_ids"] == 100
+    assert s.submit([msg(299, at)]).result(timeout=10)[0].duplicate
+    assert not s.submit([msg(0, at)]).result(timeout=10)[0].duplicate
+
+
+def test_cancel_before_fire_and_states(make_store) -> None:
+    s = make_store(fsync=True)
+    now = wall_clock_ms()
+    res = s.submit([msg(0, now + 400), msg(1, now + 400), msg(2, now + 86_400_000)]).result(10)
+    assert s.cancel("t", "m0", res[0].deliver_at_ms).result(10) == CancelOutcome(True, None)
+    assert s.cancel("t", "m0", res[0].deliver_at_ms).result(10).reason == "already_cancelled"
+    assert s.cancel("t", "m2", res[2].deliver_at_ms).result(10).cancelled  # unloaded bucket
+    assert s.cancel("t", "zz", now).result(10).reason == "not_found"
+    assert s.cancel("other", "m1", res[1].deliver_at_ms).result(10).reason == "not_found"
+    wait_until(lambda: visible(s, "t") == 1)
+    assert [f.msg_id for f in pull_all(s, "t")] == ["m1"]
+    assert s.cancel("t", "m1", res[1].deliver_at_ms).result(10).reason == "already_fired"
+    assert s.stats()["cancelled"] == 2
+
+
+def test_offsets_commit_and_persist(make_store, tmp_path) -> None:
+    s = make_store()
+    assert s.committed_offset("g", "t", 0) == 0
+    s.commit_offset("g", "t", 0, 5)
+    s.commit_offset("g", "t", 3, 7)
+    s.commit_offset("h", "t", 0, 1)
+    assert s.committed_offset("g", "t", 0) == 5
+    s.close()
+    s2 = make_store()
+    assert (s2.committed_offset("g", "t", 0), s2.committed_offset("g", "t", 3),
+            s2.committed_offset("h", "t", 0), s2.committed_offset("g", "u", 0)) == (5, 7, 1, 0)
+    with pytest.raises(ValueError):
+        s2.commit_offset("../g", "t", 0, 1)
+    with pytest.raises(ValueError):
+        s2.commit_offset("g", "t", 0, -1)
+
+
+def test_fire_listener_gets_topics(make_store) -> None:
+    s = make_store()
+    got: list[set[str]] = []
+    ev = threading.Event()
+
+    def cb(topics: set[str]) -> None:
+        got.append(topics)
+        ev.set()
+
+    s.add_fire_listener(cb)
+    s.submit([msg(0, wall_clock_ms(), topic="a"), msg(1, wall_clock_ms(), topic="b")]).result(10)
+    assert ev.wait(5)
+    wait_until(lambda: set().union(*got) == {"a", "b"})
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        NewMessage("../etc", 0, "i", b"", 0),
+        NewMessage("a/b", 0, "i", b"", 0),
+        NewMessage("", 0, "i", b"", 0),
+        NewMessage("t", -1, "i", b"", 0),
+        NewMessage("t", 70000, "i", b"", 0),
+        NewMessage("t", 0, "", b"", 0),
+        NewMessage("t", 0, "i", b"", -5),
+        NewMessage("t", 0, "i", b"", 10**15),
+        NewMessage("t", 0, "i", b"", 0, key="k" * 70000),
+    ],
+)
+def test_bad_input_stores_nothing(make_store, bad: NewMessage) -> None:
+    s = make_store()
+    good = msg(0, wall_clock_ms() + 10**6)
+    with pytest.raises(InvalidRecordError):
+        s.submit([good, bad])
+    assert s.stats()["appended"] == 0
+    assert not s.submit([good]).result(10)[0].duplicate
+    with pytest.raises(ValueError):
+        s.pull("..", 0, 0, 1)
+
+
+def test_too_large_and_busy(make_store) -> None:
+    s = make_store(max_pending_messages=10, max_record_bytes=1000)
+    with pytest.raises(InvalidRecordError):
+        s.submit([msg(0, 0, body=b"x" * 2000)])
+    with pytest.raises(StoreBusyError):
+        s.submit([msg(i, 0) for i in range(11)])
+    assert len(s.submit([msg(i, 0) for i in range(10)]).result(10)) == 10
+
+
+def test_closed_store_refuses_and_second_open_of_dir_fails(make_store, tmp_path) -> None:
+    s = make_store()
+    with pytest.raises(StoreError):
+        make_store()  # same data dir, locked
+    s.close()
+    s.close()
+    with pytest.raises(StoreError):
+        s.submit([msg(0, 0)])
