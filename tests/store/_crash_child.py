@@ -16,13 +16,16 @@ from qclient.server.store import DelayStore, NewMessage, StoreConfig, wall_clock
 
 def main() -> None:
     data_dir, n, spread = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
-    store = DelayStore(StoreConfig(data_dir=data_dir, bucket_ms=1000, load_ahead_ms=500,
-                                   fsync=True))
+    store = DelayStore(
+        StoreConfig(data_dir=data_dir, bucket_ms=1000, load_ahead_ms=500, fsync=True)
+    )
     store.open()
     base = wall_clock_ms() + 300
     for i in range(0, n, 100):
-        batch = [NewMessage("t", j % 4, f"m{j}", b"x" * 100, base + (j * spread) // n)
-                 for j in range(i, min(n, i + 100))]
+        batch = [
+            NewMessage("t", j % 4, f"m{j}", b"x" * 100, base + (j * spread) // n)
+            for j in range(i, min(n, i + 100))
+        ]
         store.submit(batch).result()
         print(f"ACK {i} {len(batch)}", flush=True)
     print("ACKED", flush=True)

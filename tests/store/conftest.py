@@ -54,7 +54,9 @@ def visible(store: DelayStore, topic: str, queues: int = 4) -> int:
     return sum(store.max_offset(topic, q) for q in range(queues))
 
 
-def msg(i: int, deliver_at: int, topic: str = "t", body: bytes = b"x" * 100, **kw: Any) -> NewMessage:
+def msg(
+    i: int, deliver_at: int, topic: str = "t", body: bytes = b"x" * 100, **kw: Any
+) -> NewMessage:
     return NewMessage(topic, i % 4, f"m{i}", body, deliver_at, **kw)
 
 
@@ -64,8 +66,9 @@ def make_store(tmp_path: Path) -> Iterator[Callable[..., DelayStore]]:
     teardown. Defaults: small buckets, fsync off unless asked."""
     stores: list[DelayStore] = []
 
-    def factory(clock: Callable[[], int] | None = None, data_dir: Path | None = None,
-                **cfg: Any) -> DelayStore:
+    def factory(
+        clock: Callable[[], int] | None = None, data_dir: Path | None = None, **cfg: Any
+    ) -> DelayStore:
         cfg.setdefault("bucket_ms", 1000)
         cfg.setdefault("load_ahead_ms", 500)
         cfg.setdefault("fsync", False)

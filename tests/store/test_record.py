@@ -16,20 +16,57 @@ _i32 = st.integers(min_value=-(2**31), max_value=2**31 - 1)
 @settings(max_examples=200, deadline=None)
 @given(
     kind=st.sampled_from([rec.KIND_MESSAGE, rec.KIND_CANCEL, rec.KIND_FIRED]),
-    msg_id=_text, topic=_text, body=st.binary(max_size=300),
-    flag=_i32, queue_id=_i32, received=_i64, deliver=_i64, fired=_i64, qoff=_i64, ref=_i64,
-    key=st.none() | _text, tags=st.none() | _text,
+    msg_id=_text,
+    topic=_text,
+    body=st.binary(max_size=300),
+    flag=_i32,
+    queue_id=_i32,
+    received=_i64,
+    deliver=_i64,
+    fired=_i64,
+    qoff=_i64,
+    ref=_i64,
+    key=st.none() | _text,
+    tags=st.none() | _text,
     props=st.none() | st.dictionaries(_text, _text, max_size=5),
 )
-def test_round_trip(kind, msg_id, topic, body, flag, queue_id, received, deliver, fired, qoff,
-                    ref, key, tags, props) -> None:
-    data = rec.encode(kind, msg_id, topic, body, flag=flag, queue_id=queue_id,
-                      received_ms=received, deliver_at_ms=deliver, fired_at_ms=fired,
-                      qoffset=qoff, ref=ref, key=key, tags=tags, properties=props)
+def test_round_trip(
+    kind, msg_id, topic, body, flag, queue_id, received, deliver, fired, qoff, ref, key, tags, props
+) -> None:
+    data = rec.encode(
+        kind,
+        msg_id,
+        topic,
+        body,
+        flag=flag,
+        queue_id=queue_id,
+        received_ms=received,
+        deliver_at_ms=deliver,
+        fired_at_ms=fired,
+        qoffset=qoff,
+        ref=ref,
+        key=key,
+        tags=tags,
+        properties=props,
+    )
     r, n = rec.decode(b"junk" + data, 4)
     assert n == len(data)
-    assert r == rec.Record(kind, flag, queue_id, received, deliver, fired, qoff, ref, msg_id,
-                           topic, key, tags, props, body)
+    assert r == rec.Record(
+        kind,
+        flag,
+        queue_id,
+        received,
+        deliver,
+        fired,
+        qoff,
+        ref,
+        msg_id,
+        topic,
+        key,
+        tags,
+        props,
+        body,
+    )
 
 
 @settings(max_examples=200, deadline=None)

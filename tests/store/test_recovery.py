@@ -12,9 +12,9 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from tests.store.conftest import FakeClock, msg, pull_all, visible, wait_until
 
 from qclient.server.store import wall_clock_ms
-from tests.store.conftest import FakeClock, msg, pull_all, visible, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -56,8 +56,9 @@ def test_overdue_at_restart_fires_at_once(make_store) -> None:
 def test_cancel_survives_restart(make_store) -> None:
     clock = FakeClock(5_000_000_000)
     s = make_store(clock=clock, fsync=True)
-    res = s.submit([msg(0, clock.now + 300), msg(1, clock.now + 300),
-                    msg(2, clock.now + 50_000)]).result(10)
+    res = s.submit(
+        [msg(0, clock.now + 300), msg(1, clock.now + 300), msg(2, clock.now + 50_000)]
+    ).result(10)
     assert s.cancel("t", "m0", res[0].deliver_at_ms).result(10).cancelled
     assert s.cancel("t", "m2", res[2].deliver_at_ms).result(10).cancelled
     s.close()
@@ -182,7 +183,9 @@ def test_fully_fired_buckets_are_removed(make_store, tmp_path) -> None:
 def _child(data_dir: Path, n: int, spread_ms: int) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "tests.store._crash_child", str(data_dir), str(n), str(spread_ms)],
-        cwd=ROOT, stdout=subprocess.PIPE, text=True,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -209,7 +212,8 @@ def test_kill_9_loses_nothing(make_store, tmp_path, kill_when: str) -> None:
             lines = _read_until(proc, lambda ln: ln == "ACKED")
         else:
             lines = _read_until(
-                proc, lambda ln: ln.startswith("FIRED") and int(ln.split()[1]) >= n // 2)
+                proc, lambda ln: ln.startswith("FIRED") and int(ln.split()[1]) >= n // 2
+            )
         acked = sum(int(ln.split()[2]) for ln in lines if ln.startswith("ACK "))
         assert acked == n
         os.kill(proc.pid, signal.SIGKILL)

@@ -7,6 +7,7 @@ import threading
 import time
 
 import pytest
+from tests.store.conftest import FakeClock, msg, pull_all, visible, wait_until
 
 from qclient.server.store import (
     CancelOutcome,
@@ -16,22 +17,40 @@ from qclient.server.store import (
     StoreError,
     wall_clock_ms,
 )
-from tests.store.conftest import FakeClock, msg, pull_all, visible, wait_until
 
 
 def test_round_trip_fields_and_results(make_store) -> None:
     s = make_store(fsync=True)
     now = wall_clock_ms()
-    m = NewMessage("orders", 2, "id-1", b"\x00body", now, key="k", tags="a||b",
-                   properties={"x": "1", "y": ""}, flag=1)
+    m = NewMessage(
+        "orders",
+        2,
+        "id-1",
+        b"\x00body",
+        now,
+        key="k",
+        tags="a||b",
+        properties={"x": "1", "y": ""},
+        flag=1,
+    )
     res = s.submit([m]).result(timeout=10)
     assert [(r.msg_id, r.queue_id, r.deliver_at_ms, r.duplicate) for r in res] == [
-        ("id-1", 2, now, False)]
+        ("id-1", 2, now, False)
+    ]
     wait_until(lambda: s.max_offset("orders", 2) == 1)
     [f] = s.pull("orders", 2, 0, 10)
-    assert (f.msg_id, f.topic, f.queue_id, f.offset, f.body, f.key, f.tags, f.properties,
-            f.deliver_at_ms, f.flag) == ("id-1", "orders", 2, 0, b"\x00body", "k", "a||b",
-                                         {"x": "1", "y": ""}, now, 1)
+    assert (
+        f.msg_id,
+        f.topic,
+        f.queue_id,
+        f.offset,
+        f.body,
+        f.key,
+        f.tags,
+        f.properties,
+        f.deliver_at_ms,
+        f.flag,
+    ) == ("id-1", "orders", 2, 0, b"\x00body", "k", "a||b", {"x": "1", "y": ""}, now, 1)
     assert f.fired_at_ms >= now
     assert s.pull("orders", 2, 1, 10) == []
     assert s.pull("orders", 1, 0, 10) == []
@@ -173,8 +192,12 @@ def test_offsets_commit_and_persist(make_store, tmp_path) -> None:
     assert s.committed_offset("g", "t", 0) == 5
     s.close()
     s2 = make_store()
-    assert (s2.committed_offset("g", "t", 0), s2.committed_offset("g", "t", 3),
-            s2.committed_offset("h", "t", 0), s2.committed_offset("g", "u", 0)) == (5, 7, 1, 0)
+    assert (
+        s2.committed_offset("g", "t", 0),
+        s2.committed_offset("g", "t", 3),
+        s2.committed_offset("h", "t", 0),
+        s2.committed_offset("g", "u", 0),
+    ) == (5, 7, 1, 0)
     with pytest.raises(ValueError):
         s2.commit_offset("../g", "t", 0, 1)
     with pytest.raises(ValueError):
