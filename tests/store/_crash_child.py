@@ -1,6 +1,8 @@
 """Child process for the kill -9 tests: stores messages, prints what was acknowledged.
 
-Usage: python -m tests.store._crash_child DATA_DIR N DELAY_SPREAD_MS
+Usage: python -m tests.store._crash_child DATA_DIR N DELAY_SPREAD_MS [stream]
+(``stream``: message j is due ``j % DELAY_SPREAD_MS`` ms after the start, so a long run
+keeps submitting while earlier messages fire.)
 Prints ``ACK <first> <count>`` after each acknowledged batch, ``ACKED`` after all, then
 ``FIRED <n>`` as messages become visible, and waits to be killed.
 """
@@ -16,6 +18,7 @@ from qclient.server.store import DelayStore, NewMessage, StoreConfig, wall_clock
 
 def main() -> None:
     data_dir, n, spread = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+    stream = sys.argv[4:] == ["stream"]
     store = DelayStore(
         StoreConfig(data_dir=data_dir, bucket_ms=1000, load_ahead_ms=500, fsync=True)
     )
@@ -23,7 +26,9 @@ def main() -> None:
     base = wall_clock_ms() + 300
     for i in range(0, n, 100):
         batch = [
-            NewMessage("t", j % 4, f"m{j}", b"x" * 100, base + (j * spread) // n)
+            NewMessage(
+                "t", j % 4, f"m{j}", b"x" * 100, base + (j % spread if stream else j * spread // n)
+            )
             for j in range(i, min(n, i + 100))
         ]
         store.submit(batch).result()

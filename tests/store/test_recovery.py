@@ -180,9 +180,10 @@ def test_fully_fired_buckets_are_removed(make_store, tmp_path) -> None:
     assert s2.stats()["fired"] == 0
 
 
-def _child(data_dir: Path, n: int, spread_ms: int) -> subprocess.Popen[str]:
+def _child(data_dir: Path, n: int, spread_ms: int, *extra: str) -> subprocess.Popen[str]:
+    args = [str(data_dir), str(n), str(spread_ms), *extra]
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.store._crash_child", str(data_dir), str(n), str(spread_ms)],
+        [sys.executable, "-m", "tests.store._crash_child", *args],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         text=True,
@@ -229,3 +230,30 @@ def test_kill_9_loses_nothing(make_store, tmp_path, kill_when: str) -> None:
     fired = Counter(f.msg_id for f in pull_all(s, "t"))
     dups = sum(fired.values()) - n
     assert dups <= n // 100, f"{dups} duplicates"
+
+
+def test_kill_9_while_submitting_keeps_every_ack(make_store, tmp_path) -> None:
+    data_dir = tmp_path / "data"
+    proc = _child(data_dir, 200_000, 1000, "stream")
+    try:
+        acked: list[tuple[int, int]] = []
+
+        def enough(ln: str) -> bool:
+            if ln.startswith("ACK "):
+                acked.append((int(ln.split()[1]), int(ln.split()[2])))
+            return sum(c for _, c in acked) >= 3000
+
+        _read_until(proc, enough)
+        os.kill(proc.pid, signal.SIGKILL)  # more batches are in flight right now
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        if proc.stdout:
+            proc.stdout.close()
+    want = {f"m{j}" for first, count in acked for j in range(first, first + count)}
+    s = make_store(data_dir=data_dir, fsync=True)
+    wait_until(lambda: want <= {f.msg_id for f in pull_all(s, "t")}, timeout=20)
+    fired = Counter(f.msg_id for f in pull_all(s, "t"))
+    assert sum(fired.values()) - len(fired) <= len(fired) // 100

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import random
 import threading
 import time
@@ -261,3 +262,22 @@ def test_closed_store_refuses_and_second_open_of_dir_fails(make_store, tmp_path)
     s.close()
     with pytest.raises(StoreError):
         s.submit([msg(0, 0)])
+
+
+def test_far_future_memory_is_small(make_store) -> None:
+    """40k x 1 KiB a week ahead: no bodies or wheel entries in memory, only the dedupe ids."""
+    psutil = pytest.importorskip("psutil")
+    s = make_store(bucket_ms=3_600_000, load_ahead_ms=1_800_000)
+    proc = psutil.Process()
+    week = wall_clock_ms() + 7 * 86_400_000
+    body = bytes(range(256)) * 4
+    s.submit([msg(0, week, body=body)]).result(10)  # warm up
+    gc.collect()
+    before = proc.memory_info().rss
+    for i in range(1, 40_001, 500):
+        s.submit([msg(j, week + j, body=body) for j in range(i, i + 500)]).result(10)
+    gc.collect()
+    grown = proc.memory_info().rss - before
+    st = s.stats()
+    assert st["wheel_size"] == 0 and st["appended"] == 40_001
+    assert grown < 12 * 2**20, f"RSS grew {grown / 2**20:.1f} MiB"

@@ -66,7 +66,7 @@ from qclient.server.store.types import (
     StoreError,
     StoreResult,
 )
-from qclient.server.store.wheel import MAX_SIZE, Wheel
+from qclient.server.store.wheel import MAX_POSITION, MAX_SIZE, Wheel
 
 log = logging.getLogger(__name__)
 
@@ -167,7 +167,7 @@ class DelayStore:
         self._sync_work: list[tuple[list[ConsumeQueue], dict[int, list[int]], set[str]]] = []
         self._listeners: list[Callable[[set[str]], None]] = []
         self._stats: collections.Counter[str] = collections.Counter()
-        self._lateness: collections.deque[int] = collections.deque(maxlen=65_536)
+        self._lateness: collections.deque[int] = collections.deque(maxlen=8192)
         self._stop_load = threading.Event()
         self._load_wake = threading.Event()
         self._stop_commit = False
@@ -206,9 +206,20 @@ class DelayStore:
         self._wheel = Wheel(self.bucket_ms)
         self._dedupe = DedupeTable(cfg.dedupe_window_ms, cfg.dedupe_max_ids)
         t0 = time.monotonic()
-        self._mlog.open()
-        self._offsets.load()
-        self._recover()
+        try:
+            self._mlog.open()
+            self._offsets.load()
+            self._recover()
+        except BaseException:
+            log.exception("opening the store at %s failed", d)
+            for part in (self._mlog, self._slog, self._dlog, self._cl):
+                try:
+                    part.close()
+                except Exception:
+                    log.debug("close after failed open", exc_info=True)
+            os.close(self._lock_fd)
+            self._state = "closed"
+            raise
         log.info(
             "store %s opened in %.0f ms: log end %d, %d ids remembered, %d due in wheel",
             d,
@@ -481,7 +492,12 @@ class DelayStore:
                 e.position = pos
                 items.append((pos, len(e.data), e.kind, e.deliver_at, e.ref))
                 e.data = b""
-            self._replay(items, self._mlog.end)
+            try:
+                self._replay(items, self._mlog.end)
+            except Exception as exc:
+                # the records are durable: a restart replays them (the checkpoint stops here)
+                log.exception("schedule replay failed; the store stops accepting work")
+                self._broken = exc
             now = self._clock()
             with self._submit_lock:
                 for e in entries:
@@ -496,6 +512,8 @@ class DelayStore:
 
     def _replay(self, items: list[tuple[int, int, int, int, int]], end: int) -> None:
         """Append schedule entries for new log records; push loaded ones into the wheel."""
+        if end > MAX_POSITION:
+            raise StoreError("message log beyond 1 TiB: segment retention is not implemented")
         bufs: dict[int, list[bytes]] = collections.defaultdict(list)
         horizon = self._clock() + self.config.load_ahead_ms
         wake_loader = notify = False
@@ -669,12 +687,12 @@ class DelayStore:
                     self._checkpoint()
                     self._offsets.flush()
                     self._cleanup()
-            except Exception:
-                log.exception("syncer step failed")
+            except Exception as exc:
+                # fired copies may not be durable or dispatched: they fire again after a
+                # restart (at-least-once); refuse new work rather than guess
+                log.exception("syncer step failed; the store stops accepting work")
                 self._stats["sync_errors"] += 1
-                if work:  # retry the dispatch bookkeeping next round
-                    with self._sync_cv:
-                        self._sync_work[:0] = work
+                self._broken = exc
                 time.sleep(0.1)
             if stopping:
                 with self._sync_cv:
@@ -710,6 +728,8 @@ class DelayStore:
 
     def _checkpoint(self) -> None:
         """fsync schedule/dispatch files, then advance the replay checkpoint."""
+        if self._broken is not None:
+            return  # keep the last good checkpoint: a restart replays from it
         with self._sched:
             replayed = self._replayed
             fds = self._slog.take_dirty()
@@ -722,6 +742,8 @@ class DelayStore:
 
     def _cleanup(self) -> None:
         """Remove buckets fully fired long enough ago (and covered by the checkpoint)."""
+        if self._broken is not None:
+            return
         now = self._clock()
         w = self._wheel
         removed = 0
