@@ -24,34 +24,67 @@ def _sigterm(signum: int, frame: Any) -> None:
     raise SystemExit(f"terminated by signal {signum}")
 
 
-def run(*, smoke: bool = False, n: int | None = None, only: list[str] | None = None,
-        kill_test: bool = True, smoke_only: bool = False) -> dict[str, Any]:
+def run(
+    *,
+    smoke: bool = False,
+    n: int | None = None,
+    only: list[str] | None = None,
+    kill_test: bool = True,
+    smoke_only: bool = False,
+) -> dict[str, Any]:
     """Run the selected peers; returns the scenario's JSON object."""
     base = SMOKE if smoke else Workload()
-    w = Workload(n=n or base.n, min_delay_s=base.min_delay_s, max_delay_s=base.max_delay_s,
-                 grace_s=base.grace_s, batch=base.batch, kill_test=kill_test)
+    w = Workload(
+        n=n or base.n,
+        min_delay_s=base.min_delay_s,
+        max_delay_s=base.max_delay_s,
+        grace_s=base.grace_s,
+        batch=base.batch,
+        kill_test=kill_test,
+    )
     specs = peer_specs(only)
     rows: list[dict[str, Any]] = []
     for spec in specs:
         if smoke_only and not spec.in_smoke:
-            rows.append({"peer": spec.label, "status": "skipped",
-                         "reason": "not in the quick smoke set (slow to start)"})
+            rows.append(
+                {
+                    "peer": spec.label,
+                    "status": "skipped",
+                    "reason": "not in the quick smoke set (slow to start)",
+                }
+            )
             continue
         t0 = time.perf_counter()
         print(f"peers: {spec.label} ...", file=sys.stderr, flush=True)
-        row = run_peer(spec.make(), w, label=spec.label, batch=spec.batch)
+        try:
+            peer = spec.make()
+        except Exception as exc:  # an adapter that cannot even be built is one failed row
+            log.exception("%s: adapter failed to load", spec.label)
+            row = {"peer": spec.label, "status": "error", "reason": f"adapter: {exc}"}
+        else:
+            row = run_peer(peer, w, label=spec.label, batch=spec.batch)
         row["elapsed_s"] = round(time.perf_counter() - t0, 2)
-        print(f"peers: {spec.label}: {row['status']} {row.get('reason', '')} "
-              f"({row['elapsed_s']} s)", file=sys.stderr, flush=True)
+        print(
+            f"peers: {spec.label}: {row['status']} {row.get('reason', '')} ({row['elapsed_s']} s)",
+            file=sys.stderr,
+            flush=True,
+        )
         rows.append(row)
     ok = [r for r in rows if r["status"] == "ok"]
     return {
         "scenario": "peers",
-        "workload": {"n": w.n, "delay_s": [w.min_delay_s, w.max_delay_s],
-                     "kill_test": w.kill_test, "batch": w.batch},
+        "workload": {
+            "n": w.n,
+            "delay_s": [w.min_delay_s, w.max_delay_s],
+            "kill_test": w.kill_test,
+            "batch": w.batch,
+        },
         "peers": rows,
-        "throughput": {f"{r['peer']} enqueue": r["enqueue_msgs_per_s"] for r in ok
-                       if r.get("enqueue_msgs_per_s")},
+        "throughput": {
+            f"{r['peer']} enqueue": r["enqueue_msgs_per_s"]
+            for r in ok
+            if r.get("enqueue_msgs_per_s")
+        },
         "lateness_samples_ms": {r["peer"]: r.get("samples_ms", []) for r in ok},
     }
 
@@ -63,17 +96,30 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n", type=int, default=None, help="messages per phase")
     ap.add_argument("--only", default="", help="comma-separated peer labels")
     ap.add_argument("--no-kill", action="store_true", help="skip the kill -9 phase")
-    ap.add_argument("--smoke-set", action="store_true",
-                    help="skip peers that are slow to start (used by the smoke test)")
+    ap.add_argument(
+        "--smoke-set",
+        action="store_true",
+        help="skip peers that are slow to start (used by the smoke test)",
+    )
     args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    logging.getLogger("pika").setLevel(logging.WARNING)  # INFO logs every connection step
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
+    # pika logs every connection step, and errors with tracebacks for the connections a
+    # kill -9 breaks on purpose; the workload reports what matters.
+    logging.getLogger("pika").setLevel(logging.CRITICAL)
     signal.signal(signal.SIGTERM, _sigterm)
     only = [s for s in args.only.split(",") if s] or None
     try:
-        result = run(smoke=args.smoke, n=args.n, only=only, kill_test=not args.no_kill,
-                     smoke_only=args.smoke_set)
+        result = run(
+            smoke=args.smoke,
+            n=args.n,
+            only=only,
+            kill_test=not args.no_kill,
+            smoke_only=args.smoke_set,
+        )
     except ValueError as exc:
         print(f"peers: {exc}", file=sys.stderr)
         return 2

@@ -94,8 +94,11 @@ class PeerConsumer(abc.ABC):
         self._stop.set()
         self._thread.join(self.close_timeout)
         if self._thread.is_alive():
-            log.warning("%s: consumer thread did not stop in %.0f s",
-                        type(self).__name__, self.close_timeout)
+            log.warning(
+                "%s: consumer thread did not stop in %.0f s",
+                type(self).__name__,
+                self.close_timeout,
+            )
 
 
 class Peer(abc.ABC):

@@ -92,8 +92,9 @@ class BeanstalkPeer(Peer):
             binlog = workdir / "binlog"
             binlog.mkdir(parents=True, exist_ok=True)
             argv += ["-b", str(binlog), *self.binlog_args]
-        self.server = ServerProcess(self.name, argv, ready=lambda: port_open(self.port),
-                                    log_path=workdir / "server.log")
+        self.server = ServerProcess(
+            self.name, argv, ready=lambda: port_open(self.port), log_path=workdir / "server.log"
+        )
         self.server.start(self.start_timeout)
 
     def kill9(self) -> None:

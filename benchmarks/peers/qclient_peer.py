@@ -31,9 +31,7 @@ class QClientProducer(PeerProducer):
     def send_many(self, items: Sequence[tuple[str, float]]) -> None:
         from qclient import Message, SendStatus
 
-        results = self.p.send_batch(
-            [Message(self.topic, m, key=m, delay=d) for m, d in items]
-        )
+        results = self.p.send_batch([Message(self.topic, m, key=m, delay=d) for m, d in items])
         bad = [r for r in results if r.status != SendStatus.SEND_OK]
         if bad or len(results) != len(items):
             raise RuntimeError(f"send_batch: {len(bad)} not SEND_OK of {len(results)}")

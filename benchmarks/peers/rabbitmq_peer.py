@@ -23,18 +23,26 @@ def _params(port: int) -> Any:
     import pika
 
     return pika.ConnectionParameters(
-        host="127.0.0.1", port=port, heartbeat=0, blocked_connection_timeout=10,
-        socket_timeout=5, connection_attempts=1,
+        host="127.0.0.1",
+        port=port,
+        heartbeat=0,
+        blocked_connection_timeout=10,
+        socket_timeout=5,
+        connection_attempts=1,
     )
 
 
 def _declare(ch: Any, channel: str) -> tuple[str, str]:
     wait, ready = f"{channel}.wait", f"{channel}.ready"
     ch.queue_declare(queue=ready, durable=True)
-    ch.queue_declare(queue=wait, durable=True, arguments={
-        "x-dead-letter-exchange": "",
-        "x-dead-letter-routing-key": ready,
-    })
+    ch.queue_declare(
+        queue=wait,
+        durable=True,
+        arguments={
+            "x-dead-letter-exchange": "",
+            "x-dead-letter-routing-key": ready,
+        },
+    )
     return wait, ready
 
 
@@ -53,8 +61,9 @@ class RabbitProducer(PeerProducer):
     def send(self, msg_id: str, delay_s: float) -> None:
         props = self._props(delivery_mode=2, expiration=str(max(0, round(delay_s * 1000))))
         # With confirms on, this blocks until the broker confirms (persisted) or raises.
-        self.ch.basic_publish(exchange="", routing_key=self.wait, body=msg_id.encode(),
-                              properties=props)
+        self.ch.basic_publish(
+            exchange="", routing_key=self.wait, body=msg_id.encode(), properties=props
+        )
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
@@ -123,13 +132,15 @@ class RabbitPeer(Peer):
             d.mkdir(parents=True, exist_ok=True)
         (workdir / "enabled_plugins").write_text("[].\n")
         (workdir / "rabbitmq.conf").write_text(
-            "loopback_users = none\n"
-            f"listeners.tcp.default = 127.0.0.1:{self.port}\n"
+            f"loopback_users = none\nlisteners.tcp.default = 127.0.0.1:{self.port}\n"
         )
         # Our own epmd on a private port, so nothing outlives the run.
-        self.epmd = ServerProcess("epmd", [EPMD_BIN, "-port", str(epmd_port)],
-                                  ready=lambda: port_open(epmd_port),
-                                  log_path=workdir / "epmd.log")
+        self.epmd = ServerProcess(
+            "epmd",
+            [EPMD_BIN, "-port", str(epmd_port)],
+            ready=lambda: port_open(epmd_port),
+            log_path=workdir / "epmd.log",
+        )
         self.epmd.start(10)
         env = env_with(
             HOME=str(home),
@@ -155,8 +166,14 @@ class RabbitPeer(Peer):
             pika.BlockingConnection(_params(self.port)).close()
             return True
 
-        self.server = ServerProcess(self.name, [RABBIT_BIN], ready=ready, env=env,
-                                    log_path=workdir / "server.log", cwd=workdir)
+        self.server = ServerProcess(
+            self.name,
+            [RABBIT_BIN],
+            ready=ready,
+            env=env,
+            log_path=workdir / "server.log",
+            cwd=workdir,
+        )
         self.server.start(self.start_timeout)
 
     def kill9(self) -> None:

@@ -104,9 +104,20 @@ class RedisPeer(Peer):
         self.port = free_port()
         data = workdir / "data"
         data.mkdir(parents=True, exist_ok=True)
-        argv = ["redis-server", "--bind", "127.0.0.1", "--port", str(self.port),
-                "--dir", str(data), "--daemonize", "no", "--logfile", "",
-                *self.extra_args]
+        argv = [
+            "redis-server",
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--dir",
+            str(data),
+            "--daemonize",
+            "no",
+            "--logfile",
+            "",
+            *self.extra_args,
+        ]
 
         def ready() -> bool:
             r = _client(self.port)
@@ -115,8 +126,7 @@ class RedisPeer(Peer):
             finally:
                 r.close()
 
-        self.server = ServerProcess(self.name, argv, ready=ready,
-                                    log_path=workdir / "server.log")
+        self.server = ServerProcess(self.name, argv, ready=ready, log_path=workdir / "server.log")
         self.server.start(self.start_timeout)
 
     def kill9(self) -> None:
@@ -141,10 +151,15 @@ class RedisPeer(Peer):
 def redis_peers() -> list[Peer]:
     """The Redis variants: default persistence, AOF fsync every second, AOF fsync always."""
     return [
-        RedisPeer("redis", [],
-                  "sorted set + Lua pop; default config (RDB snapshots, no AOF)"),
-        RedisPeer("redis-aof-everysec", ["--appendonly", "yes", "--appendfsync", "everysec"],
-                  "sorted set + Lua pop; AOF, fsync every second"),
-        RedisPeer("redis-aof-always", ["--appendonly", "yes", "--appendfsync", "always"],
-                  "sorted set + Lua pop; AOF, fsync before every reply"),
+        RedisPeer("redis", [], "sorted set + Lua pop; default config (RDB snapshots, no AOF)"),
+        RedisPeer(
+            "redis-aof-everysec",
+            ["--appendonly", "yes", "--appendfsync", "everysec"],
+            "sorted set + Lua pop; AOF, fsync every second",
+        ),
+        RedisPeer(
+            "redis-aof-always",
+            ["--appendonly", "yes", "--appendfsync", "always"],
+            "sorted set + Lua pop; AOF, fsync before every reply",
+        ),
     ]

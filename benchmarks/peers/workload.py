@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import random
 import shutil
 import tempfile
@@ -44,7 +45,7 @@ def percentile(sorted_values: list[float], q: float) -> float:
     """The q-th percentile (0-100) of already-sorted values, nearest-rank."""
     if not sorted_values:
         return float("nan")
-    k = max(0, min(len(sorted_values) - 1, round(q / 100 * len(sorted_values) + 0.5) - 1))
+    k = max(0, min(len(sorted_values) - 1, math.ceil(q / 100 * len(sorted_values)) - 1))
     return sorted_values[k]
 
 
@@ -67,13 +68,18 @@ class _Arrivals:
             return sum(1 for m in self.first if m in ids)
 
 
-def _enqueue(prod: PeerProducer, items: list[tuple[str, float]], batch: int | None,
-             due: dict[str, float], progress: Callable[[int], None] | None) -> float:
+def _enqueue(
+    prod: PeerProducer,
+    items: list[tuple[str, float]],
+    batch: int | None,
+    due: dict[str, float],
+    progress: Callable[[int], None] | None,
+) -> float:
     """Send every item, recording its due time just before its send; returns seconds taken."""
     t0 = time.perf_counter()
     step = batch or 1
     for i in range(0, len(items), step):
-        chunk = items[i:i + step]
+        chunk = items[i : i + step]
         now = time.time()
         for m, d in chunk:
             due[m] = now + d
@@ -103,8 +109,13 @@ def _thin(values: list[float], k: int) -> list[float]:
     return [values[int(i * step)] for i in range(k)]
 
 
-def _timing_phase(peer: Peer, w: Workload, rng: random.Random, batch: int | None,
-                  progress: Callable[[int], None] | None) -> dict[str, Any]:
+def _timing_phase(
+    peer: Peer,
+    w: Workload,
+    rng: random.Random,
+    batch: int | None,
+    progress: Callable[[int], None] | None,
+) -> dict[str, Any]:
     chan = f"bench-t-{uuid.uuid4().hex[:8]}"
     items = _items(w, rng, chan)
     arr = _Arrivals()
@@ -139,8 +150,13 @@ def _timing_phase(peer: Peer, w: Workload, rng: random.Random, batch: int | None
     }
 
 
-def _kill_phase(peer: Peer, w: Workload, rng: random.Random, batch: int | None,
-                progress: Callable[[int], None] | None) -> dict[str, Any]:
+def _kill_phase(
+    peer: Peer,
+    w: Workload,
+    rng: random.Random,
+    batch: int | None,
+    progress: Callable[[int], None] | None,
+) -> dict[str, Any]:
     chan = f"bench-k-{uuid.uuid4().hex[:8]}"
     items = _items(w, rng, chan)
     arr = _Arrivals()
@@ -177,9 +193,15 @@ def _kill_phase(peer: Peer, w: Workload, rng: random.Random, batch: int | None,
     }
 
 
-def run_peer(peer: Peer, w: Workload, *, label: str | None = None, batch: bool = False,
-             progress: Callable[[int], None] | None = None,
-             keep_dir: Path | None = None) -> dict[str, Any]:
+def run_peer(
+    peer: Peer,
+    w: Workload,
+    *,
+    label: str | None = None,
+    batch: bool = False,
+    progress: Callable[[int], None] | None = None,
+    keep_dir: Path | None = None,
+) -> dict[str, Any]:
     """Run the workload against one peer; never raises (errors become a status)."""
     out: dict[str, Any] = {"peer": label or peer.name, "description": peer.description}
     if batch:

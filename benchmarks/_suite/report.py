@@ -1,0 +1,248 @@
+"""REPORT.md from the collected results: summary tables, targets, plots, per-scenario numbers."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+__all__ = ["flatten", "peers_table", "targets_table", "write_report"]
+
+#: keys that hold bulk data for plots, not numbers for tables
+BULK_KEYS = {
+    "samples_ms",
+    "lateness_samples_ms",
+    "timeline",
+    "throughput",
+    "peers",
+    "targets",
+    "notes",
+}
+MAX_ROWS = 80
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            return str(v)
+        if abs(v) >= 100:
+            return f"{v:,.0f}"
+        if abs(v) >= 10:
+            return f"{v:.1f}"
+        return f"{v:.3g}"
+    if isinstance(v, int):
+        return f"{v:,}" if abs(v) >= 10000 else str(v)
+    return str(v).replace("|", "\\|").replace("\n", " ")
+
+
+def _table(header: Iterable[str], rows: Iterable[Iterable[Any]]) -> str:
+    h = list(header)
+    lines = ["| " + " | ".join(h) + " |", "|" + "---|" * len(h)]
+    lines += ["| " + " | ".join(_fmt(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def flatten(obj: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    """Scalars of a nested JSON value as (dotted key, value); bulk keys and long lists skipped."""
+    out: list[tuple[str, Any]] = []
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            if k in BULK_KEYS and not prefix:
+                continue
+            if k == "samples_ms":
+                continue
+            out += flatten(v, f"{prefix}.{k}" if prefix else str(k))
+    elif isinstance(obj, list):
+        if all(not isinstance(x, dict | list) for x in obj):
+            if len(obj) <= 8:
+                out.append((prefix, ", ".join(_fmt(x) for x in obj)))
+        else:
+            for i, x in enumerate(obj):
+                label = i
+                if isinstance(x, dict):
+                    label = x.get("name") or x.get("mode") or x.get("peer") or x.get("label") or i
+                out += flatten(x, f"{prefix}[{label}]")
+    else:
+        out.append((prefix, obj))
+    return out
+
+
+def peers_table(rows: list[dict[str, Any]]) -> str:
+    """qclient and each peer side by side."""
+    body = []
+    for r in rows:
+        if r.get("status") != "ok":
+            body.append(
+                [
+                    r["peer"],
+                    f"{r.get('status')}: {r.get('reason', '')}",
+                    None,
+                    None,
+                    None,
+                    None,
+                    None,
+                    None,
+                    None,
+                ]
+            )
+            continue
+        lat = r.get("lateness_ms") or {}
+        k = r.get("kill9") or {}
+        kill = (
+            (
+                f"{k['survived']}/{k['n']} ({k['survived_pct']:.0f}%)"
+                + (f", {k['duplicates']} dup" if k.get("duplicates") else "")
+            )
+            if k
+            else "-"
+        )
+        body.append(
+            [
+                r["peer"],
+                r.get("description", ""),
+                r.get("enqueue_msgs_per_s"),
+                lat.get("p50"),
+                lat.get("p99"),
+                lat.get("max"),
+                r.get("early"),
+                f"{r.get('lost')}" + (f" (+{r['duplicates']} dup)" if r.get("duplicates") else ""),
+                kill,
+            ]
+        )
+    return _table(
+        [
+            "system",
+            "how",
+            "enqueue msgs/s",
+            "lateness p50 ms",
+            "p99 ms",
+            "max ms",
+            "early",
+            "lost",
+            "kill -9: survived",
+        ],
+        body,
+    )
+
+
+def targets_table(results: Mapping[str, Any]) -> str | None:
+    """Every scenario's declared targets, met or not."""
+    rows = []
+    for name, rec in results.get("scenarios", {}).items():
+        for t in (rec.get("result") or {}).get("targets") or []:
+            if not isinstance(t, dict):
+                continue
+            met = t.get("met")
+            rows.append(
+                [
+                    name,
+                    t.get("name"),
+                    t.get("value"),
+                    t.get("target"),
+                    "**met**" if met is True else ("NOT met" if met is False else "?"),
+                ]
+            )
+    if not rows:
+        return None
+    return _table(["scenario", "target", "measured", "wanted", "met?"], rows)
+
+
+def write_report(results: Mapping[str, Any], out_dir: Path) -> Path:
+    """Draw the plots and write REPORT.md into ``out_dir``; returns its path."""
+    from benchmarks._suite.plots import plot_all
+
+    plots = plot_all(results, out_dir)
+    scen: Mapping[str, Any] = results.get("scenarios", {})
+    host = results.get("host", {})
+    md = [
+        "# qclient benchmark report",
+        "",
+        f"Run {results.get('started_at')} → {results.get('finished_at')}, git "
+        f"`{results.get('git')}`, {host.get('cpus')} CPUs, {host.get('mem_gib')} GiB, "
+        f"Python {host.get('python')}, {host.get('platform')}."
+        + (" **Smoke run (tiny N): the numbers mean nothing.**" if results.get("smoke") else ""),
+        "",
+        "Reproduce: `make bench` (peers: `bash benchmarks/setup_peers.sh` first). "
+        "Raw data: `latest.json`; logs: `logs/`.",
+        "",
+        "## Scenarios",
+        "",
+        _table(
+            ["scenario", "status", "seconds", "note"],
+            [
+                [
+                    n,
+                    r.get("status"),
+                    r.get("elapsed_s"),
+                    (r.get("reason") or "").splitlines()[0][:160]
+                    if r.get("status") != "ok"
+                    else "",
+                ]
+                for n, r in scen.items()
+            ],
+        ),
+        "",
+    ]
+    peers = scen.get("peers", {}).get("result") or {}
+    if peers.get("peers"):
+        wl = peers.get("workload", {})
+        md += [
+            "## qclient and the delay queues users pick instead",
+            "",
+            f"Same machine, same run, each server on loopback with its data in a temp dir. "
+            f"Workload per system: {wl.get('n')} messages, random delays "
+            f"{wl.get('delay_s', ['?', '?'])[0]}-{wl.get('delay_s', ['?', '?'])[1]} s, sent "
+            "one at a time by one thread, each acknowledged before the next (batch rows: "
+            f"{wl.get('batch')} per request); one consumer thread. Lateness = arrival at the "
+            "consumer - asked time. kill -9: the same N again, the server killed right after "
+            "the last acknowledgement, restarted on the same data; distinct messages that "
+            "arrived in the end.",
+            "",
+            peers_table(peers["peers"]),
+            "",
+        ]
+        notes = sorted({f"`{r['peer']}`: {r['note']}" for r in peers["peers"] if r.get("note")})
+        md += [f"- {n}" for n in notes] + ([""] if notes else [])
+    tt = targets_table(results)
+    md += ["## Targets", "", tt or "No scenario reported `targets` in this run.", ""]
+    md += ["## Plots", ""]
+    captions = {
+        "lateness_cdf": "Firing lateness CDF",
+        "failover_timeline": "Send latency around a broker kill / hang (failover_bench)",
+        "throughput": "Throughput",
+    }
+    for key, caption in captions.items():
+        f = plots.get(key)
+        md += [f"![{caption}]({f})" if f else f"_{caption}: no data in this run._", ""]
+    md += ["## Per scenario", ""]
+    for name, rec in scen.items():
+        md += [
+            f"### {name}",
+            "",
+            f"Status: {rec.get('status')}"
+            + (f" — {rec['reason']}" if rec.get("reason") and rec.get("status") != "ok" else ""),
+            "",
+        ]
+        res = rec.get("result") or {}
+        for note in res.get("notes") or []:
+            md.append(f"- {note}")
+        rows = [(k, v) for k, v in flatten(res) if k not in ("scenario",)]
+        if name == "peers":
+            rows = []
+        if rows:
+            more = len(rows) - MAX_ROWS
+            md += ["", _table(["metric", "value"], rows[:MAX_ROWS])]
+            if more > 0:
+                md.append(f"\n… {more} more in latest.json")
+        md.append("")
+    path = out_dir / "REPORT.md"
+    path.write_text("\n".join(md) + "\n")
+    return path

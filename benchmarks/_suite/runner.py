@@ -1,0 +1,329 @@
+"""Run every scenario script as a bounded subprocess and collect the JSON each one prints."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import json
+import logging
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+__all__ = ["SCENARIOS", "Scenario", "main", "run_scenario", "run_suite"]
+
+REPO = Path(__file__).resolve().parents[2]
+BENCH = REPO / "benchmarks"
+DEFAULT_OUT = BENCH / "results"
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    """A scenario script: its module under ``benchmarks`` and its time limits."""
+
+    name: str
+    module: str
+    timeout_s: float
+    smoke_timeout_s: float = 60.0
+    #: extra arguments for the full run
+    args: tuple[str, ...] = ()
+    #: extra arguments for the smoke run
+    smoke_args: tuple[str, ...] = ()
+
+    @property
+    def path(self) -> Path:
+        """The script file (or package directory) this scenario runs."""
+        rel = self.module.split(".", 1)[1].replace(".", "/")
+        pkg = BENCH / rel
+        return pkg if pkg.is_dir() else BENCH / f"{rel}.py"
+
+    def exists(self) -> bool:
+        """Whether the script has been written yet."""
+        return self.path.exists()
+
+
+SCENARIOS: list[Scenario] = [
+    Scenario("producer_bench", "benchmarks.producer_bench", 300),
+    Scenario("broker_bench", "benchmarks.broker_bench", 600),
+    Scenario("failover_bench", "benchmarks.failover_bench", 600),
+    Scenario("store_bench", "benchmarks.store_bench", 1200),
+    Scenario("spark_bench", "benchmarks.spark_bench", 600, smoke_timeout_s=180),
+    Scenario("http_stack_bench", "benchmarks.http_stack_bench", 300),
+    Scenario("fsync_bench", "benchmarks.fsync_bench", 180),
+    Scenario("peers", "benchmarks.peers", 1200, smoke_timeout_s=120),
+]
+
+
+def select(only: list[str] | None) -> list[Scenario]:
+    """The scenarios named in ``only`` (all when empty); unknown names raise ValueError."""
+    if not only:
+        return list(SCENARIOS)
+    known = {s.name: s for s in SCENARIOS}
+    # "broker" is accepted for "broker_bench"
+    names = [n if n in known else f"{n}_bench" for n in only]
+    unknown = [o for o, n in zip(only, names, strict=True) if n not in known]
+    if unknown:
+        raise ValueError(f"unknown scenario(s) {', '.join(unknown)}; known: {', '.join(known)}")
+    return [known[n] for n in names]
+
+
+def _supports_smoke(sc: Scenario, env: dict[str, str]) -> bool:
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", sc.module, "--help"],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return False
+    return "--smoke" in out.stdout
+
+
+def _kill_group(pgid: int, sig: int) -> bool:
+    """Signal a process group; False when it no longer exists."""
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return False
+
+
+def _last_json(stdout: str) -> dict[str, Any] | None:
+    for line in reversed(stdout.splitlines()):
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            value = json.loads(line)
+        except ValueError:
+            return None
+        return value if isinstance(value, dict) else None
+    return None
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def run_scenario(
+    sc: Scenario, *, smoke: bool, logs: Path, extra_args: tuple[str, ...] = (), tick: Any = None
+) -> dict[str, Any]:
+    """Run one scenario with its time limit; never raises. ``tick()`` is called ~1/s."""
+    rec: dict[str, Any] = {"module": sc.module}
+    if not sc.exists():
+        return {**rec, "status": "missing", "reason": f"{sc.path.relative_to(REPO)} not written"}
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    env.setdefault("MPLBACKEND", "Agg")
+    if smoke and not _supports_smoke(sc, env):
+        return {**rec, "status": "skipped", "reason": "script has no --smoke flag"}
+    args = ["--json", *(("--smoke", *sc.smoke_args) if smoke else sc.args), *extra_args]
+    timeout = sc.smoke_timeout_s if smoke else sc.timeout_s
+    logs.mkdir(parents=True, exist_ok=True)
+    out_path, err_path = logs / f"{sc.name}.out", logs / f"{sc.name}.log"
+    rec.update(args=args, timeout_s=timeout, log=str(err_path))
+    t0 = time.monotonic()
+    with open(out_path, "wb") as out, open(err_path, "wb") as err:
+        # Own process group: on a time-out the whole tree (servers included) is signalled.
+        proc = subprocess.Popen(
+            [sys.executable, "-m", sc.module, *args],
+            cwd=REPO,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=err,
+            start_new_session=True,
+        )
+        timed_out = False
+        try:
+            while proc.poll() is None:
+                if time.monotonic() - t0 > timeout:
+                    timed_out = True
+                    _kill_group(proc.pid, signal.SIGTERM)
+                    try:
+                        proc.wait(15)
+                    except subprocess.TimeoutExpired:
+                        _kill_group(proc.pid, signal.SIGKILL)
+                        proc.wait(10)
+                    break
+                if tick is not None:
+                    tick()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(1.0)
+        except BaseException:
+            _kill_group(proc.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(10)
+            _kill_group(proc.pid, signal.SIGKILL)
+            raise
+        finally:
+            # Anything the script left behind in its group goes too.
+            _kill_group(proc.pid, signal.SIGKILL)
+    rec["elapsed_s"] = round(time.monotonic() - t0, 2)
+    rec["exit_code"] = proc.returncode
+    result = _last_json(out_path.read_text(errors="replace"))
+    if timed_out:
+        rec.update(status="timeout", reason=f"no result within {timeout:.0f} s")
+    elif proc.returncode != 0:
+        rec.update(
+            status="error", reason=f"exit {proc.returncode}: {_tail(err_path, 8) or '(no stderr)'}"
+        )
+    elif result is None:
+        rec.update(status="error", reason="last stdout line is not a JSON object")
+    else:
+        rec["status"] = "ok"
+    if result is not None:
+        rec["result"] = result
+    return rec
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None
+
+
+def _host() -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+    }
+    try:
+        import psutil
+
+        info["mem_gib"] = round(psutil.virtual_memory().total / 2**30, 1)
+    except Exception:
+        pass
+    return info
+
+
+def run_suite(
+    scenarios: list[Scenario],
+    *,
+    smoke: bool,
+    out_dir: Path,
+    peer_args: tuple[str, ...] = (),
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Run the scenarios in order, write latest.json and REPORT.md; returns the results."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    started = dt.datetime.now(dt.UTC)
+    results: dict[str, Any] = {
+        "started_at": started.isoformat(timespec="seconds"),
+        "smoke": smoke,
+        "git": _git_commit(),
+        "host": _host(),
+        "scenarios": {},
+    }
+    bar: Any = None
+    if progress:
+        try:
+            from tqdm import tqdm
+
+            bar = tqdm(
+                total=len(scenarios),
+                unit="scenario",
+                file=sys.stderr,
+                bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}] {postfix}",
+            )
+        except ImportError:
+            bar = None
+    try:
+        for sc in scenarios:
+            t0 = time.monotonic()
+
+            def tick(name: str = sc.name, t0: float = t0) -> None:
+                if bar is not None:
+                    bar.set_postfix_str(f"{name} {time.monotonic() - t0:.0f}s")
+
+            tick()
+            extra = peer_args if sc.name == "peers" else ()
+            rec = run_scenario(sc, smoke=smoke, logs=out_dir / "logs", extra_args=extra, tick=tick)
+            results["scenarios"][sc.name] = rec
+            msg = f"{sc.name}: {rec['status']}"
+            if rec.get("reason") and rec["status"] != "ok":
+                msg += f" ({rec['reason'].splitlines()[0][:120]})"
+            if bar is not None:
+                bar.update(1)
+                bar.write(msg, file=sys.stderr)
+            else:
+                print(msg, file=sys.stderr)
+    finally:
+        if bar is not None:
+            bar.close()
+    results["finished_at"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    (out_dir / "latest.json").write_text(json.dumps(results, indent=1) + "\n")
+    from benchmarks._suite.report import write_report
+
+    write_report(results, out_dir)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI of `python -m benchmarks`."""
+    ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    ap.add_argument("--smoke", action="store_true", help="every scenario with tiny N")
+    ap.add_argument("--only", default="", help="comma-separated scenario names")
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results directory")
+    ap.add_argument("--peers", default="", help="comma-separated peer labels (peers scenario)")
+    ap.add_argument("--peers-n", type=int, default=None, help="messages per peer phase")
+    ap.add_argument("--list", action="store_true", help="list the scenarios and exit")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bar")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
+    if args.list:
+        for sc in SCENARIOS:
+            state = "" if sc.exists() else "  (missing)"
+            print(f"{sc.name:<18} {sc.module}{state}")
+        return 0
+    try:
+        scenarios = select([s for s in args.only.split(",") if s])
+    except ValueError as exc:
+        print(f"benchmarks: {exc}", file=sys.stderr)
+        return 2
+    peer_args: tuple[str, ...] = ()
+    if args.peers:
+        peer_args += ("--only", args.peers)
+    if args.peers_n:
+        peer_args += ("--n", str(args.peers_n))
+    results = run_suite(
+        scenarios,
+        smoke=args.smoke,
+        out_dir=args.out,
+        peer_args=peer_args,
+        progress=not args.no_progress,
+    )
+    print(f"wrote {args.out / 'latest.json'} and {args.out / 'REPORT.md'}")
+    bad = [n for n, r in results["scenarios"].items() if r["status"] in ("error", "timeout")]
+    if bad:
+        print(f"failed: {', '.join(bad)}", file=sys.stderr)
+        return 1
+    return 0
