@@ -39,7 +39,12 @@ def _partition_writer(options: SinkOptions,
         counts = asdict(sender.write(batches))
         for k in ("sent_per_broker", "failed_per_broker"):
             counts[k] = list(counts[k].items())
-        yield pa.RecordBatch.from_pylist([counts])
+        counts_map = pa.map_(pa.string(), pa.int64())
+        schema = pa.schema([("partition_id", pa.int32()), ("rows", pa.int64()),
+                            ("sent", pa.int64()), ("retried", pa.int64()),
+                            ("failed", pa.int64()), ("sent_per_broker", counts_map),
+                            ("failed_per_broker", counts_map), ("seconds", pa.float64())])
+        yield pa.RecordBatch.from_pylist([counts], schema=schema)
 
     return write
 

@@ -8,11 +8,12 @@ with case, ``_``, ``-`` and ``.`` removed.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
-import inspect
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from qclient.errors import QClientError
@@ -111,17 +112,19 @@ def _norm(name: str) -> str:
     return name.lower().replace("_", "").replace("-", "").replace(".", "")
 
 
-def _producer_params() -> dict[str, Any]:
-    """Keyword parameters of ``qclient.Producer`` with their defaults, if it is importable."""
+def _int_tuple(name: str, raw: Any) -> tuple[int, ...]:
     try:
-        from qclient import Producer
-    except Exception:  # the producer may not be importable in every environment
-        return {}
-    params: dict[str, Any] = {}
-    for p in inspect.signature(Producer).parameters.values():
-        if p.kind is inspect.Parameter.KEYWORD_ONLY:
-            params[p.name] = p.default
-    return params
+        return tuple(int(p) for p in str(raw).split(",") if p.strip())
+    except ValueError:
+        raise OptionError(
+            f"option {name!r} must be comma-separated integers, got {raw!r}") from None
+
+
+def _bool_or_str(name: str, raw: Any) -> bool | str:
+    try:
+        return _bool(name, raw)
+    except OptionError:
+        return _str(name, raw)
 
 
 def _converter_for_default(default: Any) -> Callable[[str, Any], Any]:
@@ -129,9 +132,42 @@ def _converter_for_default(default: Any) -> Callable[[str, Any], Any]:
         return _bool
     if isinstance(default, int):
         return _int
-    if isinstance(default, float):
-        return _float
+    if isinstance(default, float | timedelta):
+        return _float  # a timedelta option is given in seconds
+    if isinstance(default, tuple):
+        return _int_tuple
     return _str
+
+
+def _producer_params() -> dict[str, Callable[[str, Any], Any]]:
+    """Converters for every option of the installed SDK's ``ProducerConfig``."""
+    try:
+        from qclient._config import ProducerConfig
+    except ImportError:  # an SDK without ProducerConfig: the contract's options only
+        return {}
+    out: dict[str, Callable[[str, Any], Any]] = {}
+    for f in dataclasses.fields(ProducerConfig):
+        if f.name == "namesrv":
+            continue
+        if f.name == "verify":
+            out[f.name] = _bool_or_str
+        elif f.default is not dataclasses.MISSING:
+            out[f.name] = _converter_for_default(f.default)
+    return out
+
+
+def _validate_producer(kwargs: dict[str, Any]) -> None:
+    """Fail on the driver, before any task runs, for a value the producer would refuse."""
+    try:
+        from qclient._config import ProducerConfig
+    except ImportError:
+        return
+    args = dict(kwargs)
+    namesrv = args.pop("namesrv")
+    try:
+        ProducerConfig.create(namesrv, **args)
+    except (ValueError, TypeError) as exc:
+        raise OptionError(f"invalid producer option: {exc}") from None
 
 
 @dataclass(frozen=True, repr=False)
@@ -170,8 +206,8 @@ class SinkOptions:
 def parse_options(options: Mapping[str, Any], *, require_topic: bool = False) -> SinkOptions:
     """Turn data source options (any case) into ``SinkOptions``; unknown names are an error."""
     producer_convs = dict(PRODUCER_OPTIONS)
-    for name, default in _producer_params().items():
-        producer_convs.setdefault(name, _converter_for_default(default))
+    for name, conv in _producer_params().items():
+        producer_convs.setdefault(name, conv)
     by_norm: dict[str, tuple[str, Callable[[str, Any], Any], bool]] = {}
     for name, conv in producer_convs.items():
         by_norm[_norm(name)] = (name, conv, True)
@@ -200,6 +236,7 @@ def parse_options(options: Mapping[str, Any], *, require_topic: bool = False) ->
         raise OptionError("option 'namesrv' is required (host:port[,host:port...])")
     if ("access_key" in producer_kwargs) != ("secret_key" in producer_kwargs):
         raise OptionError("options 'access_key' and 'secret_key' go together")
+    _validate_producer(producer_kwargs)
     if require_topic and not sink["topic"]:
         raise OptionError("option 'topic' is required")
     if sink["topic"] is not None:

@@ -52,3 +52,14 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+@pytest.fixture
+def topic(request: pytest.FixtureRequest) -> str:
+    """A topic name of its own for each test (tests share the session and the sinks)."""
+    import re
+    import uuid
+
+    name = re.sub(r"[^A-Za-z0-9_]", "_", request.node.name)[:60]
+    return f"{name}_{uuid.uuid4().hex[:6]}"
+

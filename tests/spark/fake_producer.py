@@ -71,6 +71,15 @@ class FlakyProducer(FakeProducer):
     fail_every = 7
 
 
+class DownProducer(FakeProducer):
+    """Every send fails: broker-x refuses connections."""
+
+    def send_batch(self, messages: Iterable[Message]) -> list[SendResult]:
+        batch = list(messages)
+        err = BrokerUnavailableError("connection refused (fake)", broker_name="broker-x")
+        raise BatchSendError("all failed (fake)", [err] * len(batch))
+
+
 def read_sent(root: Path) -> list[dict[str, Any]]:
     """Every message the fakes under ``root`` recorded (duplicates included)."""
     out = []
@@ -79,3 +88,10 @@ def read_sent(root: Path) -> list[dict[str, Any]]:
             if line.strip():
                 out.append(json.loads(line))
     return out
+
+
+
+def fake_sent(topic: str) -> list[dict[str, Any]]:
+    """What the fake producers of every worker recorded for ``topic``."""
+    return [m for m in read_sent(Path(os.environ["QCLIENT_FAKE_SINK_DIR"]))
+            if m["topic"] == topic]

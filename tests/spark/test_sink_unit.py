@@ -1,0 +1,220 @@
+"""The sink's pieces without Spark: options, ids, Arrow rows → messages, re-sends, errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from qclient._models import Message, SendResult, SendStatus
+from qclient.errors import (
+    AuthError,
+    BatchSendError,
+    BrokerUnavailableError,
+    QClientError,
+)
+from spark_udfs._ids import IdScope, batch_scope, streaming_scope
+from spark_udfs._options import OptionError, parse_options
+from spark_udfs._sink import (
+    PartitionCounts,
+    PartitionSender,
+    SinkSchemaError,
+    SinkWriteError,
+    send_with_retries,
+    summarize,
+    summary_line,
+)
+
+
+class ScriptedProducer:
+    """Acknowledges everything except what ``fail`` says: msg_id -> errors to raise, in turn."""
+
+    def __init__(self, fail: dict[str, list[QClientError]] | None = None) -> None:
+        self.fail = fail or {}
+        self.calls: list[list[Message]] = []
+        self.stored: dict[str, Message] = {}
+
+    def send_batch(self, messages: list[Message]) -> list[SendResult]:
+        self.calls.append(list(messages))
+        results: list[SendResult | QClientError] = []
+        for i, m in enumerate(messages):
+            errs = self.fail.get(str(m.msg_id))
+            if errs:
+                results.append(errs.pop(0))
+                continue
+            self.stored[str(m.msg_id)] = m
+            results.append(SendResult(str(m.msg_id), SendStatus.SEND_OK,
+                                      "broker-a" if i % 2 else "broker-b", 0, 0))
+        if any(isinstance(r, QClientError) for r in results):
+            raise BatchSendError("partial", results)
+        return results  # type: ignore[return-value]
+
+    def stats(self) -> dict[str, Any]:
+        return {"retried": 0}
+
+
+# --- options ---------------------------------------------------------------------
+
+
+def test_options_case_insensitive_and_every_producer_option() -> None:
+    opts = parse_options({"NameSrv": "127.0.0.1:1", "TOPIC": "t", "sendTimeout": "1.5",
+                          "retry_times": "4", "batchMaxMessages": "64", "linger_ms": "2",
+                          "send_latency_fault_enable": "false", "access_key": "app",
+                          "secretKey": "hunter2", "rows_per_send": "10"})
+    kw = opts.producer_kwargs
+    assert kw["namesrv"] == "127.0.0.1:1"
+    assert kw["send_timeout"] == 1.5 and kw["retry_times"] == 4
+    assert kw["batch_max_messages"] == 64 and kw["linger_ms"] == 2.0
+    assert kw["send_latency_fault_enable"] is False
+    assert kw["access_key"] == "app" and kw["secret_key"] == "hunter2"
+    assert opts.topic == "t" and opts.rows_per_send == 10
+    # The secret is in neither repr nor str nor the cache key.
+    for text in (repr(opts), str(opts), opts.cache_key()):
+        assert "hunter2" not in text
+
+
+@pytest.mark.parametrize(("options", "needle"), [
+    ({"topic": "t"}, "'namesrv' is required"),
+    ({"namesrv": "a:1", "colour": "red"}, "unknown qclient option 'colour'"),
+    ({"namesrv": "a:1", "send_timeout": "soon"}, "must be a number"),
+    ({"namesrv": "a:1", "retry_times": "-1"}, "retry_times"),
+    ({"namesrv": "a:1", "access_key": "k"}, "go together"),
+    ({"namesrv": "a:1", "topic": "bad topic!"}, "not a valid topic"),
+    ({"namesrv": "a:1", "on_error": "ignore"}, "'fail' or 'skip'"),
+])
+def test_bad_options_are_clear_errors(options: dict[str, str], needle: str) -> None:
+    with pytest.raises(OptionError, match=needle):
+        parse_options(options)
+
+
+def test_secret_not_in_option_errors() -> None:
+    with pytest.raises(OptionError) as info:
+        parse_options({"namesrv": "a:1", "secret_key": "hunter2", "send_timeout": "x"})
+    assert "hunter2" not in str(info.value)
+
+
+# --- ids -------------------------------------------------------------------------
+
+
+def test_ids_are_deterministic_and_distinct() -> None:
+    a = IdScope(streaming_scope("q1", 3), 0).ids(0, 1000)
+    assert a == IdScope(streaming_scope("q1", 3), 0).ids(0, 1000)  # a replay: same ids
+    others = (IdScope(streaming_scope("q1", 4), 0).ids(0, 1000)
+              + IdScope(streaming_scope("q1", 3), 1).ids(0, 1000)
+              + IdScope(streaming_scope("q2", 3), 0).ids(0, 1000)
+              + IdScope(batch_scope("job"), 0).ids(0, 1000))
+    assert len(set(a)) == 1000
+    assert not set(a) & set(others) and len(set(others)) == 4000
+    assert IdScope("s", 7).id(5) == IdScope("s", 7).ids(5, 1)[0]
+    assert all(len(i) <= 128 for i in a)
+
+
+# --- rows -> messages ------------------------------------------------------------
+
+
+def _sender(producer: Any, **opts: str) -> PartitionSender:
+    options = parse_options({"namesrv": "a:1", "topic": "t", "retry_backoff": "0", **opts})
+    return PartitionSender(options, producer, IdScope("job", 2), 2)
+
+
+def test_rows_to_messages_every_column() -> None:
+    at = datetime(2030, 1, 2, 3, 4, 5, 678_901, tzinfo=UTC)
+    batch = pa.RecordBatch.from_pydict({
+        "value": ["a", "b", "c"],
+        "key": ["k1", None, "k3"],
+        "topic": [None, "other", None],
+        "deliver_at": pa.array([at, None, None], pa.timestamp("us", tz="UTC")),
+        "delay_ms": pa.array([None, 1500, None], pa.int64()),
+        "tags": ["x", None, None],
+        "properties": pa.array([[("p", "1")], None, []], pa.map_(pa.string(), pa.string())),
+        "msg_id": [None, "given", None],
+    })
+    msgs = _sender(ScriptedProducer()).messages(batch)
+    assert [m.topic for m in msgs] == ["t", "other", "t"]
+    assert [m.msg_id for m in msgs] == [IdScope("job", 2).id(0), "given", IdScope("job", 2).id(2)]
+    # deliver_at in ms, rounded up so never early: .678901 s -> 679 ms
+    assert msgs[0].deliver_at == pytest.approx(at.timestamp() + 0.000099, abs=1e-6)
+    assert msgs[1].delay == timedelta(milliseconds=1500) and msgs[1].deliver_at is None
+    assert msgs[2].delay is None and msgs[2].deliver_at is None  # immediate
+    assert msgs[0].properties == {"p": "1"} and msgs[2].properties is None
+    assert msgs[0].key == "k1" and msgs[0].tags == "x"
+
+
+def test_binary_values_and_row_positions_continue_across_batches() -> None:
+    s = _sender(ScriptedProducer())
+    b = pa.RecordBatch.from_pydict({"value": pa.array([b"\x00\x01", b"z"], pa.binary())})
+    first, second = s.messages(b), s.messages(b)
+    assert first[0].body == b"\x00\x01"
+    assert [m.msg_id for m in first + second] == IdScope("job", 2).ids(0, 4)
+
+
+@pytest.mark.parametrize(("cols", "needle"), [
+    ({"value": [None]}, "'value' is null"),
+    ({"key": ["k"]}, "needs a 'value' column"),
+    ({"value": ["v"], "delay_ms": [5],
+      "deliver_at": pa.array([datetime.now(UTC)], pa.timestamp("us", tz="UTC"))}, "both"),
+])
+def test_bad_rows_are_clear_errors(cols: dict[str, Any], needle: str) -> None:
+    with pytest.raises(SinkSchemaError, match=needle):
+        _sender(ScriptedProducer()).messages(pa.RecordBatch.from_pydict(cols))
+
+
+# --- sending ---------------------------------------------------------------------
+
+
+def test_retryable_failures_are_resent_with_the_same_ids() -> None:
+    prod = ScriptedProducer({"m1": [BrokerUnavailableError("refused", broker_name="b1")],
+                             "m3": [BrokerUnavailableError("refused", broker_name="b2")] * 2})
+    msgs = [Message("t", "x", msg_id=f"m{i}") for i in range(5)]
+    outcomes, resent = send_with_retries(prod, msgs, retries=2, backoff=0)
+    assert all(isinstance(o, SendResult) for o in outcomes)
+    assert resent == 3  # m1 once, m3 twice
+    assert [m.msg_id for m in prod.calls[1]] == ["m1", "m3"] and len(prod.calls) == 3
+
+
+def test_non_retryable_failure_is_not_resent() -> None:
+    prod = ScriptedProducer({"m0": [AuthError("wrong signature")]})
+    outcomes, resent = send_with_retries(prod, [Message("t", "x", msg_id="m0")],
+                                         retries=3, backoff=0)
+    assert isinstance(outcomes[0], AuthError) and resent == 0 and len(prod.calls) == 1
+
+
+def test_failure_after_retries_fails_with_broker_and_cause() -> None:
+    sender = _sender(ScriptedProducer(
+        {IdScope("job", 2).id(1): [BrokerUnavailableError("connection refused",
+                                                          broker_name="broker-b")] * 3}))
+    batch = pa.RecordBatch.from_pydict({"value": ["a", "b", "c"]})
+    with pytest.raises(SinkWriteError) as info:
+        sender.write(iter([batch]))
+    text = str(info.value)
+    assert "1 of 3 rows of partition 2" in text and "after 3 attempts" in text
+    assert "broker broker-b" in text and "connection refused" in text and "row 1" in text
+
+
+def test_skip_mode_counts_and_goes_on() -> None:
+    sender = _sender(ScriptedProducer(
+        {IdScope("job", 2).id(0): [BrokerUnavailableError("down", broker_name="b9")] * 9}),
+        on_error="skip", write_retries="1", rows_per_send="2")
+    counts = sender.write(iter([pa.RecordBatch.from_pydict({"value": ["a", "b", "c"]})]))
+    assert (counts.rows, counts.sent, counts.failed, counts.retried) == (3, 2, 1, 1)
+    assert counts.failed_per_broker == {"b9": 1}
+    assert sum(counts.sent_per_broker.values()) == 2
+
+
+def test_summary_line() -> None:
+    total = summarize([PartitionCounts(0, 3, 3, 1, 0, {"a": 2, "b": 1}),
+                       PartitionCounts(1, 2, 2, 0, 0, {"a": 2}), None])
+    line = summary_line("qclient sink: batch 4", total)
+    assert line == ("qclient sink: batch 4: 5 of 5 rows sent (a 4, b 1), 1 retried, 0 failed, "
+                    "2 partitions, 1 without a commit message")
+
+
+def test_import_is_cheap() -> None:
+    code = "import sys, qclient, spark_udfs; print('pyspark' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True)
+    assert out.stdout.strip() == "False"

@@ -1,0 +1,121 @@
+"""Spark mechanics of the sink against a stand-in producer (no cluster): columns and types
+as Spark hands them over, schema errors, re-sends, a failing task, the foreachBatch helper."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from fake_producer import fake_sent
+
+pytestmark = pytest.mark.spark
+
+FAKE = "fake_producer:FakeProducer"
+
+
+def _writer(df: Any, topic: str, factory: str = FAKE) -> Any:
+    return (df.write.format("qclient").option("namesrv", "127.0.0.1:1").option("topic", topic)
+            .option("producer_factory", factory).option("rows_per_send", 64).mode("append"))
+
+
+def test_batch_write_every_column(spark: Any, topic: str) -> None:
+    from pyspark.sql import functions as F
+
+    at = datetime(2031, 5, 6, 7, 8, 9, 250_000, tzinfo=UTC)
+    df = spark.range(0, 3000, numPartitions=3).select(
+        F.col("id").cast("string").alias("value"),
+        F.concat(F.lit("k"), F.col("id")).alias("key"),
+        F.when(F.col("id") % 2 == 0, F.lit(at)).alias("deliver_at"),
+        F.when(F.col("id") % 2 == 1, F.col("id") * 10).alias("delay_ms"),
+        F.lit("tagA").alias("tags"),
+        F.create_map(F.lit("n"), F.col("id").cast("string")).alias("properties"),
+    )
+    _writer(df, topic).save()
+    sent = fake_sent(topic)
+    assert len(sent) == 3000
+    assert len({m["msg_id"] for m in sent}) == 3000
+    assert sorted(int(m["body"]) for m in sent) == list(range(3000))
+    for m in sent:
+        n = int(m["body"])
+        assert m["key"] == f"k{n}" and m["tags"] == "tagA" and m["properties"] == {"n": str(n)}
+        if n % 2 == 0:
+            assert m["deliver_at"] == at.timestamp() and m["delay"] is None
+        else:
+            assert m["delay"] == n * 10 / 1000 and m["deliver_at"] is None
+    assert {m["broker"] for m in sent} == {"fake-a", "fake-b"}
+
+
+def test_msg_id_column_and_per_row_topic(spark: Any, topic: str) -> None:
+    from pyspark.sql import functions as F
+
+    other = topic + "_b"
+    df = spark.range(0, 100, numPartitions=2).select(
+        F.col("id").cast("string").cast("binary").alias("value"),
+        F.concat(F.lit("id-"), F.col("id")).alias("msg_id"),
+        F.when(F.col("id") < 10, F.lit(other)).alias("topic"),
+    )
+    _writer(df, topic).save()
+    assert sorted(m["msg_id"] for m in fake_sent(other)) == sorted(f"id-{i}" for i in range(10))
+    assert len(fake_sent(topic)) == 90
+
+
+@pytest.mark.parametrize(("make", "needle"), [
+    (lambda F, df: df.withColumn("colour", F.lit("red")), "unknown column 'colour'"),
+    (lambda F, df: df.withColumn("delay_ms", F.lit("soon")), "'delay_ms' must be an integer"),
+    (lambda F, df: df.withColumn("deliver_at", F.lit(5)), "'deliver_at' must be timestamp"),
+    (lambda F, df: df.withColumnRenamed("value", "body"), "needs a 'value' column"),
+])
+def test_schema_errors_before_any_task(spark: Any, topic: str, make: Any, needle: str) -> None:
+    from pyspark.sql import functions as F
+
+    df = make(F, spark.range(3).select(F.col("id").cast("string").alias("value")))
+    with pytest.raises(Exception, match=needle):
+        _writer(df, topic).save()
+    assert fake_sent(topic) == []
+
+
+def test_overwrite_and_unknown_option_are_refused(spark: Any, topic: str) -> None:
+    from pyspark.sql import functions as F
+
+    df = spark.range(3).select(F.col("id").cast("string").alias("value"))
+    with pytest.raises(Exception, match="only appends"):
+        _writer(df, topic).mode("overwrite").save()
+    with pytest.raises(Exception, match="unknown qclient option 'sendtimeuot'"):
+        _writer(df, topic).option("sendTimeuot", "3").save()
+
+
+def test_retryable_failures_are_resent(spark: Any, topic: str) -> None:
+    from pyspark.sql import functions as F
+
+    df = spark.range(0, 2000, numPartitions=2).select(F.col("id").cast("string").alias("value"))
+    _writer(df, topic, "fake_producer:FlakyProducer").save()
+    sent = fake_sent(topic)
+    assert sorted(int(m["body"]) for m in sent) == list(range(2000))  # each stored once
+
+
+def test_unsendable_rows_fail_the_job_naming_broker_and_cause(spark: Any, topic: str) -> None:
+    from pyspark.sql import functions as F
+
+    df = spark.range(0, 10, numPartitions=1).select(F.col("id").cast("string").alias("value"))
+    with pytest.raises(Exception) as info:
+        _writer(df, topic, "fake_producer:DownProducer").option("retry_backoff", "0").save()
+    text = str(info.value)
+    assert "could not be sent after 3 attempts" in text
+    assert "broker broker-x" in text and "connection refused" in text
+
+
+def test_foreach_batch_helper(spark: Any, topic: str) -> None:
+    from pyspark.sql import functions as F
+
+    import spark_udfs
+
+    write = spark_udfs.foreach_batch_writer("127.0.0.1:1", topic, producer_factory=FAKE,
+                                            job_id="fb-test")
+    df = spark.range(0, 500, numPartitions=2).select(
+        F.col("id").cast("string").alias("value"), F.lit(100).cast("long").alias("delay_ms"))
+    write(df, 7)
+    write(df, 7)  # a replayed batch: the same ids again
+    sent = fake_sent(topic)
+    assert len(sent) == 1000 and len({m["msg_id"] for m in sent}) == 500
+    assert all(m["delay"] == 0.1 for m in sent)
