@@ -17,7 +17,7 @@ import sys
 import time
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, NoReturn
 
 from .errors import QClientError
 
@@ -258,8 +258,15 @@ def _add_server(p: argparse.ArgumentParser, port: int) -> None:
     p.add_argument("--exit-with-parent", type=int, help=argparse.SUPPRESS)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line on stderr (exit 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="qclient", description="Delayed messages: SDK, "
+    parser = _Parser(prog="qclient", description="Delayed messages: SDK, "
                                      "name server, delay broker.")
     parser.add_argument("--version", action="version", version="qclient 0.1.0")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -346,7 +353,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    level = getattr(args, "log_level", None) or os.environ.get("QCLIENT_LOG_LEVEL", "WARNING")
+    level = getattr(args, "log_level", None) or os.environ.get("QCLIENT_LOG_LEVEL", "ERROR")
     logging.basicConfig(level=level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

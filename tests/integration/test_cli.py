@@ -1,0 +1,126 @@
+"""The `qclient` command line against real processes; errors are one line, no traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+QCLIENT = [sys.executable, "-m", "qclient"]
+
+
+def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*QCLIENT, *args], capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL)
+
+
+@pytest.fixture(scope="module")
+def dev_cluster():
+    """`qclient dev --port 0` as the user runs it; its first line names the name server."""
+    proc = subprocess.Popen([*QCLIENT, "dev", "--brokers", "1", "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        first = proc.stdout.readline().strip()  # bounded by the cluster's start timeout
+        assert first.startswith("namesrv="), first
+        yield proc, first.split("=", 1)[1]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+def test_dev_send_route_topic_consume(dev_cluster):
+    _proc, namesrv = dev_cluster
+    r = run("topic", "create", "--namesrv", namesrv, "--queues", "2", "cli-topic")
+    assert r.returncode == 0, r.stderr
+    assert "created cli-topic with 2 queues" in r.stdout
+    r = run("route", "--namesrv", namesrv, "cli-topic")
+    assert r.returncode == 0, r.stderr
+    route = json.loads(r.stdout)
+    assert route["queue_datas"][0]["write_queue_nums"] == 2
+    r = run("send", "--namesrv", namesrv, "--topic", "cli-topic", "--delay", "300ms",
+            "--key", "k1", "hello cli")
+    assert r.returncode == 0, r.stderr
+    sent = json.loads(r.stdout)
+    assert sent["status"] == "SEND_OK"
+    r = run("consume", "--namesrv", namesrv, "--topic", "cli-topic", "--group", "g",
+            "--max", "1", "--timeout", "15")
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout.splitlines()[0])
+    assert got["msg_id"] == sent["msg_id"]
+    assert got["body"] == "hello cli"
+    assert got["fired_at_ms"] >= sent["deliver_at_ms"]
+
+
+def test_dev_stops_its_children_on_sigterm():
+    proc = subprocess.Popen([*QCLIENT, "dev", "--brokers", "1", "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().startswith("namesrv=")
+        children = psutil.Process(proc.pid).children(recursive=True)
+        assert len(children) == 2
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(30)
+    assert code == 0
+    _gone, alive = psutil.wait_procs(children, timeout=15)
+    assert not alive
+
+
+@pytest.mark.parametrize("args", [
+    ("send", "--namesrv", "127.0.0.1:1", "--topic", "t", "--delay", "5s", "hi"),
+    ("route", "--namesrv", "127.0.0.1:1", "t"),
+    ("topic", "create", "--namesrv", "127.0.0.1:1", "t"),
+    ("consume", "--namesrv", "127.0.0.1:1", "--topic", "t", "--group", "g", "--timeout", "1"),
+    ("send", "--namesrv", "127.0.0.1:1", "--topic", "bad/topic", "hi"),
+    ("broker", "--name", "b", "--data-dir", "/tmp/qclient-x", "--namesrv", "127.0.0.1:1",
+     "--auth-file", "/nonexistent/auth.json"),
+])
+def test_expected_errors_are_one_line_exit_1(args):
+    r = run(*args)
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("qclient: error: ")
+    assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("args", [
+    ("send", "--topic", "t", "hi"),
+    ("send", "--namesrv", "x:1", "--topic", "t", "--delay", "5q", "hi"),
+    ("send", "--namesrv", "x:1", "--topic", "t", "--at", "2030-01-01T00:00:00", "hi"),
+    ("send", "--namesrv", "x:1", "--topic", "t", "--delay=-5s", "hi"),
+    ("nosuchcommand",),
+])
+def test_usage_errors_are_one_line_exit_2(args):
+    r = run(*args)
+    assert r.returncode == 2
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_version_and_module_entry():
+    r = run("--version")
+    assert r.returncode == 0
+    assert r.stdout.startswith("qclient ")
+    exe = os.path.join(os.path.dirname(sys.executable), "qclient")
+    r2 = subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=30)
+    assert r2.returncode == 0 and "namesrv" in r2.stdout
+
+
+def test_demo_runs_and_reports(tmp_path):
+    start = time.monotonic()
+    r = run("demo", "--messages", "60", "--spread", "1s", timeout=120)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    summary = r.stdout.strip().splitlines()[-1]
+    assert "60 scheduled, 60 delivered, 0 missing, 0 early" in summary
+    assert time.monotonic() - start < 120
