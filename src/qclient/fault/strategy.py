@@ -1,0 +1,95 @@
+"""``MQFaultStrategy``: queue selection in three tiers and the fault-table updates."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from ..routing.publish_info import MessageQueue, TopicPublishInfo
+from .latency import LatencyFaultTolerance
+
+__all__ = ["LATENCY_MAX_MS", "NOT_AVAILABLE_MS", "MQFaultStrategy"]
+
+log = logging.getLogger(__name__)
+
+#: seed 004: a send that took at least latency_max[i] ms isolates for not_available[i] ms
+LATENCY_MAX_MS = (50, 100, 550, 1800, 3000, 5000, 15000)
+NOT_AVAILABLE_MS = (0, 0, 2000, 5000, 6000, 10000, 30000)
+
+
+class MQFaultStrategy:
+    """Selects a queue for each attempt and records each attempt's outcome.
+
+    Both flags can be flipped at runtime (apache/rocketmq#7813): selection reads them on
+    every call and the detector thread checks ``start_detector_enable`` every round.
+    """
+
+    def __init__(self, *, send_latency_fault_enable: bool = True,
+                 start_detector_enable: bool = True,
+                 latency_max_ms: Sequence[int] = LATENCY_MAX_MS,
+                 not_available_ms: Sequence[int] = NOT_AVAILABLE_MS,
+                 isolation_latency_ms: int = 10000,
+                 fault_tolerance: LatencyFaultTolerance | None = None) -> None:
+        self.send_latency_fault_enable = send_latency_fault_enable
+        self.start_detector_enable = start_detector_enable
+        self.latency_max = tuple(latency_max_ms)
+        self.not_available_duration = tuple(not_available_ms)
+        self.isolation_latency_ms = isolation_latency_ms
+        self.latency_fault_tolerance = fault_tolerance or LatencyFaultTolerance()
+
+    # --- the table ---------------------------------------------------------------------
+
+    def compute_not_available_duration(self, current_latency: float) -> int:
+        """The isolation (ms) that ``current_latency`` (ms) earns by the seed's table."""
+        for i in range(len(self.latency_max) - 1, -1, -1):
+            if current_latency >= self.latency_max[i]:
+                return self.not_available_duration[i]
+        return 0
+
+    def update_fault_item(self, broker_name: str, current_latency: float, isolation: bool,
+                          reachable: bool) -> None:
+        """Record one attempt; a no-op while fault tolerance is off (as in RocketMQ)."""
+        if not self.send_latency_fault_enable:
+            return
+        duration = self.compute_not_available_duration(
+            self.isolation_latency_ms if isolation else current_latency)
+        self.latency_fault_tolerance.update_fault_item(broker_name, current_latency, duration,
+                                                       reachable)
+
+    # --- selection ---------------------------------------------------------------------
+
+    def select_one_message_queue(self, info: TopicPublishInfo, last_broker: str | None = None,
+                                 reset_index: bool = False) -> MessageQueue:
+        """Pick the queue of the next attempt.
+
+        Fault tolerance on: (1) a queue of an available broker other than ``last_broker``;
+        (2) of a reachable one other than ``last_broker``; (3) any queue. Off: any broker
+        but ``last_broker``, else any queue. The round-robin index runs over the queues
+        that passed the filter, not over all of them, so a filtered-out broker's share is
+        spread evenly instead of landing on the queue after it (apache/rocketmq#5672).
+        """
+        queues = info.queues
+        if not queues:
+            raise ValueError(f"topic {info.topic} has no writable queue")
+        index = info.index
+        if reset_index:
+            index.reset()
+        idx = index.increment_and_get()
+        if self.send_latency_fault_enable:
+            unavailable, unreachable = self.latency_fault_tolerance.unhealthy()
+            if last_broker is None and not unavailable:
+                return queues[idx % len(queues)]  # the hot path: everything healthy
+            tier = [q for q in queues
+                    if q.broker_name != last_broker and q.broker_name not in unavailable]
+            if tier:
+                return tier[idx % len(tier)]
+            tier = [q for q in queues
+                    if q.broker_name != last_broker and q.broker_name not in unreachable]
+            if tier:
+                return tier[idx % len(tier)]
+            return queues[idx % len(queues)]
+        if last_broker is not None:
+            tier = [q for q in queues if q.broker_name != last_broker]
+            if tier:
+                return tier[idx % len(tier)]
+        return queues[idx % len(queues)]

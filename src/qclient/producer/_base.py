@@ -1,0 +1,78 @@
+"""What ``Producer`` and ``AsyncProducer`` share besides the core: options, flags, stats."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .._config import ProducerConfig
+from .._models import SendResult
+from ..errors import BatchSendError, ProducerClosedError, QClientError
+from ..fault.latency import FaultItemSnapshot
+from ..transport.http import Credentials
+from ._core import ProducerCore
+
+__all__ = ["ProducerBase", "batch_outcome"]
+
+
+def batch_outcome(results: list[SendResult | QClientError]) -> list[SendResult]:
+    """The results of ``send_batch``, or ``BatchSendError`` if any message failed."""
+    failed = [r for r in results if isinstance(r, QClientError)]
+    if failed:
+        raise BatchSendError(
+            f"{len(failed)} of {len(results)} message(s) not acknowledged; first: {failed[0]}",
+            results)
+    return results  # type: ignore[return-value]
+
+
+class ProducerBase:
+    """Configuration, the shared core, and the read-only views of a producer."""
+
+    def __init__(self, namesrv: str | Sequence[str], index_factory: Callable[[], Any],
+                 options: dict[str, Any]) -> None:
+        self._cfg = ProducerConfig.create(namesrv, **options)
+        self._core = ProducerCore(self._cfg, index_factory)
+        cfg = self._cfg
+        self._credentials = (Credentials(cfg.access_key, cfg.secret_key)
+                             if cfg.access_key is not None and cfg.secret_key is not None
+                             else None)
+        self._closed = False
+
+    @property
+    def config(self) -> ProducerConfig:
+        return self._cfg
+
+    # runtime toggles (apache/rocketmq#7813): selection and the detector read them live
+    @property
+    def send_latency_fault_enable(self) -> bool:
+        return self._core.strategy.send_latency_fault_enable
+
+    @send_latency_fault_enable.setter
+    def send_latency_fault_enable(self, value: bool) -> None:
+        self._core.strategy.send_latency_fault_enable = bool(value)
+
+    @property
+    def start_detector_enable(self) -> bool:
+        return self._core.strategy.start_detector_enable
+
+    @start_detector_enable.setter
+    def start_detector_enable(self, value: bool) -> None:
+        self._core.strategy.start_detector_enable = bool(value)
+
+    def fault_items(self) -> list[FaultItemSnapshot]:
+        """Snapshots of the fault table: ``.name, .current_latency_ms, .available,
+        .reachable, .isolated_until`` (epoch seconds, or None when not isolated)."""
+        return self._core.fault_items()
+
+    def stats(self) -> dict[str, Any]:
+        """Counters: ``sent``, ``failed``, ``retried``, ``requests`` and per-broker
+        ``brokers[name] = {requests, errors, avg_ms, p50_ms, p99_ms, max_ms}``."""
+        return self._core.stats.snapshot()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ProducerClosedError("producer is closed")
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"{type(self).__name__}(namesrv={','.join(self._cfg.namesrv)!r}, {state})"

@@ -1,0 +1,469 @@
+"""The producer's logic without I/O, shared by ``Producer``, ``AsyncProducer`` and the sender.
+
+A send is a *plan*: a generator that yields the HTTP calls of one round (``list[HttpCall]``,
+answered with ``list[CallResult]`` in the same order) or a pause (``Sleep``), and returns
+the per-message results. The plan does the queue selection, the chunking per broker,
+the per-attempt timeouts, the fault-table updates and the retry policy (tenacity);
+the drivers in ``_drivers.py`` only perform the calls, blocking or with asyncio.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Generator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+import tenacity
+
+from .._config import ProducerConfig
+from .._models import Message, SendResult, SendStatus
+from .._validation import message_to_wire, to_wire
+from ..errors import (
+    BrokerUnavailableError,
+    InvalidMessageError,
+    QClientError,
+    SendTimeoutError,
+)
+from ..fault.latency import FaultItemSnapshot
+from ..fault.strategy import MQFaultStrategy
+from ..protocol.wire import (
+    BROKER_CANCEL,
+    BROKER_SEND,
+    JSON,
+    MSGPACK,
+    RETRYABLE_CODES,
+    SEND_OK,
+    CancelRequest,
+    CancelResponse,
+    SendRequest,
+    SendResponse,
+    TopicRoute,
+    WireMessage,
+    decode,
+    encode,
+)
+from ..routing.publish_info import MessageQueue, TopicPublishInfo
+from ..routing.route_cache import RouteCache
+from ..transport.errors import (
+    Outcome,
+    classify_exception,
+    error_for_code,
+    parse_error_response,
+    response_outcome,
+)
+from ..transport.http import HttpResponse
+
+__all__ = ["CallResult", "HttpCall", "Item", "Plan", "ProducerCore", "Sleep", "Stats"]
+
+log = logging.getLogger(__name__)
+
+#: the shortest per-attempt timeout worth trying; below it the send has timed out
+MIN_ATTEMPT = 0.02
+#: framing allowance per message when sizing a chunk against batch_max_bytes
+_PER_MESSAGE_OVERHEAD = 96
+
+
+@dataclass(slots=True, eq=False)
+class Item:
+    """One message in flight: its wire form, route, and where it went last."""
+
+    index: int  # position in the caller's input
+    wire: WireMessage
+    info: TopicPublishInfo
+    queue: MessageQueue | None = None  # pre-assigned by the accumulator for round 1
+    last_broker: str | None = None
+    error: QClientError | None = None
+
+    @property
+    def size(self) -> int:
+        return len(self.wire.body) + len(self.wire.topic) + _PER_MESSAGE_OVERHEAD
+
+
+@dataclass(slots=True, eq=False)
+class HttpCall:
+    """A POST the driver must make."""
+
+    broker: str
+    addr: str
+    path: str
+    body: bytes
+    timeout: float
+    items: list[Item]
+
+
+@dataclass(slots=True)
+class CallResult:
+    """What came of an ``HttpCall``: a response or an exception, and how long it took."""
+
+    response: HttpResponse | None = None
+    exc: BaseException | None = None
+    latency_ms: float = 0.0
+
+
+class Sleep(float):
+    """A pause the driver must take between rounds (seconds)."""
+
+
+Step = list[HttpCall] | Sleep
+Plan = Generator[Step, Any, Any]
+Outcomes = list[SendResult | QClientError]
+
+
+class _Round(Exception):
+    """Some messages of a round must be retried (drives tenacity)."""
+
+
+class _BrokerStats:
+    __slots__ = ("errors", "max_ms", "recent", "requests", "total_ms")
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.errors = 0
+        self.total_ms = 0.0
+        self.max_ms = 0.0
+        self.recent: deque[float] = deque(maxlen=2048)
+
+
+class Stats:
+    """Counters of a producer; ``snapshot()`` is what ``stats()`` returns."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.sent = 0
+        self.failed = 0
+        self.retried = 0
+        self.requests = 0
+        self._brokers: dict[str, _BrokerStats] = {}
+
+    def request(self, broker: str, latency_ms: float, ok: bool) -> None:
+        with self._lock:
+            self.requests += 1
+            b = self._brokers.get(broker)
+            if b is None:
+                b = self._brokers[broker] = _BrokerStats()
+            b.requests += 1
+            b.errors += not ok
+            b.total_ms += latency_ms
+            b.max_ms = max(b.max_ms, latency_ms)
+            b.recent.append(latency_ms)
+
+    def done(self, sent: int, failed: int) -> None:
+        with self._lock:
+            self.sent += sent
+            self.failed += failed
+
+    def retry(self, n: int) -> None:
+        with self._lock:
+            self.retried += n
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            brokers = {}
+            for name, b in sorted(self._brokers.items()):
+                recent = sorted(b.recent)
+
+                def pct(p: float, recent: list[float] = recent) -> float:
+                    return round(recent[min(len(recent) - 1, int(p * len(recent)))], 3) \
+                        if recent else 0.0
+
+                brokers[name] = {
+                    "requests": b.requests, "errors": b.errors,
+                    "avg_ms": round(b.total_ms / b.requests, 3) if b.requests else 0.0,
+                    "p50_ms": pct(0.5), "p99_ms": pct(0.99), "max_ms": round(b.max_ms, 3),
+                }
+            return {"sent": self.sent, "failed": self.failed, "retried": self.retried,
+                    "requests": self.requests, "brokers": brokers}
+
+
+def _stop_at_deadline(state: tenacity.RetryCallState) -> bool:
+    return time.monotonic() + MIN_ATTEMPT >= state.kwargs["deadline"]
+
+
+def _no_sleep(_seconds: float) -> None:  # the drivers sleep, not tenacity
+    return None
+
+
+class ProducerCore:
+    """Routing, fault tolerance, retries and results of one producer (no I/O)."""
+
+    def __init__(self, cfg: ProducerConfig, index_factory: Callable[[], Any]) -> None:
+        self.cfg = cfg
+        self.strategy = MQFaultStrategy(
+            send_latency_fault_enable=cfg.send_latency_fault_enable,
+            start_detector_enable=cfg.start_detector_enable,
+            latency_max_ms=cfg.latency_max_ms, not_available_ms=cfg.not_available_ms,
+            isolation_latency_ms=cfg.isolation_latency_ms)
+        self.routes = RouteCache(cfg.route_refresh_interval, index_factory)
+        self.stats = Stats()
+        self.content_type = MSGPACK if cfg.encoding == "msgpack" else JSON
+        # The retry policy: 1 + retry_times attempts inside one send_timeout budget,
+        # jittered exponential pauses (a few ms: the next attempt goes to another broker).
+        self.retrying = tenacity.Retrying(
+            stop=tenacity.stop_after_attempt(cfg.times_total) | _stop_at_deadline,
+            wait=tenacity.wait_random_exponential(multiplier=0.005, max=0.1),
+            retry=tenacity.retry_if_exception_type(_Round),
+            reraise=True, sleep=_no_sleep)
+        self.on_route_failure: Callable[[str], None] | None = None
+
+    # --- messages --------------------------------------------------------------------
+
+    def wire(self, topic: str, body: Any, key: str | None, tags: str | None,
+             properties: dict[str, str] | None, delay: Any, deliver_at: Any,
+             msg_id: str | None) -> WireMessage:
+        return to_wire(self.cfg, topic, body, key, tags, properties, delay, deliver_at, msg_id)
+
+    def wires(self, messages: Sequence[Message]) -> list[WireMessage]:
+        """Validate a batch; the first bad message fails the call before any network."""
+        out = []
+        for i, m in enumerate(messages):
+            try:
+                out.append(message_to_wire(self.cfg, m))
+            except InvalidMessageError as exc:
+                raise type(exc)(f"message #{i}: {exc}") from None
+        return out
+
+    # --- routes ----------------------------------------------------------------------
+
+    def cached_route(self, topic: str) -> TopicPublishInfo | None:
+        info, _fresh = self.routes.get(topic)
+        return info
+
+    def store_route(self, topic: str, route: TopicRoute) -> TopicPublishInfo:
+        return self.routes.put(topic, route)
+
+    @staticmethod
+    def check_route(info: TopicPublishInfo) -> TopicPublishInfo:
+        if not info.queues:
+            raise BrokerUnavailableError(
+                f"topic {info.topic!r} has no writable queue on any broker with a master")
+        return info
+
+    # --- the fault table -------------------------------------------------------------
+
+    def record(self, broker: str, latency_ms: float, outcome: Outcome) -> None:
+        """Apply DESIGN.md §3's outcome rules to the fault table, and count the request."""
+        strategy = self.strategy
+        if outcome is Outcome.TRANSPORT:
+            # RocketMQ: unreachable only when a detector will set it back
+            strategy.update_fault_item(broker, latency_ms, True,
+                                       not strategy.start_detector_enable)
+        elif outcome is Outcome.BROKER:
+            strategy.update_fault_item(broker, latency_ms, True, False)
+        else:  # answered, failed before sending, final answer, interrupted
+            strategy.update_fault_item(broker, latency_ms, False, True)
+        self.stats.request(broker, latency_ms, outcome in (Outcome.OK, Outcome.FINAL))
+
+    def fault_items(self) -> list[FaultItemSnapshot]:
+        return self.strategy.latency_fault_tolerance.snapshot()
+
+    # --- the send plan ---------------------------------------------------------------
+
+    def items(self, wires: Sequence[WireMessage], infos: Sequence[TopicPublishInfo],
+              queues: Sequence[MessageQueue | None] | None = None) -> list[Item]:
+        if queues is None:
+            return [Item(i, w, inf) for i, (w, inf) in enumerate(zip(wires, infos, strict=True))]
+        return [Item(i, w, inf, q)
+                for i, (w, inf, q) in enumerate(zip(wires, infos, queues, strict=True))]
+
+    def select(self, info: TopicPublishInfo, last_broker: str | None = None,
+               reset_index: bool = False) -> MessageQueue:
+        return self.strategy.select_one_message_queue(info, last_broker, reset_index)
+
+    def plan_send(self, items: list[Item], *, deadline: float | None = None) -> Plan:
+        """Send ``items``; returns results in input order (a ``QClientError`` per failure)."""
+        results: list[SendResult | QClientError | None] = [None] * len(items)
+        if deadline is None:
+            deadline = time.monotonic() + self.cfg.send_timeout
+        retrying = self.retrying
+        retrying.begin()  # tenacity's per-thread statistics; the state below is ours alone
+        state = tenacity.RetryCallState(retrying, None, (), {"deadline": deadline})
+        pending = items
+        while True:
+            try:
+                do = retrying.iter(state)
+            except _Round:
+                break  # out of attempts or of time: pending keep their last error
+            if isinstance(do, tenacity.DoAttempt):
+                attempt = state.attempt_number
+                if attempt > 1:
+                    self.stats.retry(len(pending))
+                calls = self._calls(pending, attempt, deadline)
+                outcomes: list[CallResult] = yield calls
+                pending = self._absorb(calls, outcomes, results)
+                if pending:
+                    state.set_exception((_Round, _Round(), None))
+                else:
+                    state.set_result(None)
+            elif isinstance(do, tenacity.DoSleep):
+                state.prepare_for_next_attempt()
+                pause = min(float(do), deadline - time.monotonic() - MIN_ATTEMPT)
+                if pause > 0:
+                    yield Sleep(pause)
+            else:
+                break
+        for it in pending:
+            results[it.index] = it.error or SendTimeoutError(
+                f"message {it.wire.msg_id} not acknowledged within "
+                f"send_timeout={self.cfg.send_timeout}s")
+        failed = sum(isinstance(r, QClientError) for r in results)
+        self.stats.done(len(results) - failed, failed)
+        if failed and log.isEnabledFor(logging.WARNING):
+            first = next(r for r in results if isinstance(r, QClientError))
+            log.warning("%d of %d message(s) failed after %d attempt(s): %s", failed,
+                        len(results), state.attempt_number, first)
+        return results
+
+    def attempt_timeout(self, attempt: int, deadline: float) -> float:
+        """This attempt's share of what is left of the budget: one hung broker cannot eat
+        it all, and the last attempt gets whatever remains."""
+        remaining = deadline - time.monotonic()
+        left = self.cfg.times_total - attempt + 1
+        share = remaining / left if left > 1 else remaining
+        return max(share, MIN_ATTEMPT)
+
+    def _calls(self, pending: list[Item], attempt: int, deadline: float) -> list[HttpCall]:
+        timeout = self.attempt_timeout(attempt, deadline)
+        groups: dict[str, list[Item]] = {}
+        select = self.strategy.select_one_message_queue
+        for it in pending:
+            q = it.queue
+            if q is None or attempt > 1:
+                # a retry re-randomises the counter and avoids the broker that just failed
+                q = select(it.info, it.last_broker, attempt > 1)
+                it.queue = q
+            it.wire.queue_id = q.queue_id
+            group = groups.get(q.broker_name)
+            if group is None:
+                groups[q.broker_name] = [it]
+            else:
+                group.append(it)
+        calls = []
+        max_n, max_bytes = self.cfg.batch_max_messages, self.cfg.batch_max_bytes
+        for broker, group in groups.items():
+            addr = group[0].info.broker_addrs[broker]
+            chunk: list[Item] = []
+            size = 0
+            for it in group:
+                s = it.size
+                if chunk and (len(chunk) >= max_n or size + s > max_bytes):
+                    calls.append(self._call(broker, addr, chunk, timeout))
+                    chunk, size = [], 0
+                chunk.append(it)
+                size += s
+            if chunk:
+                calls.append(self._call(broker, addr, chunk, timeout))
+        return calls
+
+    def _call(self, broker: str, addr: str, chunk: list[Item], timeout: float) -> HttpCall:
+        body = encode(SendRequest(messages=[it.wire for it in chunk]), self.content_type)
+        return HttpCall(broker, addr, BROKER_SEND, body, timeout, chunk)
+
+    def _absorb(self, calls: list[HttpCall], outcomes: list[CallResult],
+                results: list[SendResult | QClientError | None]) -> list[Item]:
+        """Turn a round's answers into results; returns the items to retry."""
+        retry: list[Item] = []
+        for call, res in zip(calls, outcomes, strict=True):
+            broker = call.broker
+            items = call.items
+            if res.exc is not None or res.response is None:
+                outcome, err = classify_exception(res.exc or RuntimeError("no response"),
+                                                  broker=broker, timeout=call.timeout)
+                log.warning("send of %d message(s) to %s failed after %.0f ms: %s",
+                            len(items), broker, res.latency_ms, err)
+                self.record(broker, res.latency_ms, outcome)
+                self._fail(items, err, broker, outcome is not Outcome.FINAL, results, retry)
+                continue
+            resp = res.response
+            if resp.status != 200:
+                code, message = parse_error_response(resp)
+                outcome = response_outcome(code, resp.status)
+                err = error_for_code(code, message, broker=broker, topic=items[0].wire.topic,
+                                     status=resp.status)
+                log.warning("broker %s refused %d message(s): HTTP %d %s: %s", broker,
+                            len(items), resp.status, code, message)
+                self.record(broker, res.latency_ms, outcome)
+                self._fail(items, err, broker, outcome is not Outcome.FINAL, results, retry)
+                continue
+            try:
+                answer = decode(resp.content, SendResponse, resp.media_type)
+                if len(answer.results) != len(items):
+                    raise ValueError(f"{len(answer.results)} results for {len(items)} messages")
+            except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
+                err = BrokerUnavailableError(f"broker {broker} sent a bad answer: {exc}",
+                                             broker_name=broker)
+                self.record(broker, res.latency_ms, Outcome.BROKER)
+                self._fail(items, err, broker, True, results, retry)
+                continue
+            broker_error = False
+            for it, r in zip(items, answer.results, strict=True):
+                if r.status == SEND_OK:
+                    results[it.index] = SendResult(r.msg_id, SendStatus.SEND_OK, broker,
+                                                   r.queue_id, r.deliver_at_ms, it.wire.topic)
+                    continue
+                err = error_for_code(r.status, r.error or "", broker=broker,
+                                     topic=it.wire.topic)
+                if r.status in RETRYABLE_CODES:
+                    broker_error = True
+                    it.error, it.last_broker = err, broker
+                    retry.append(it)
+                else:
+                    results[it.index] = err
+            self.record(broker, res.latency_ms, Outcome.BROKER if broker_error else Outcome.OK)
+        if retry and self.on_route_failure is not None:
+            for topic in {it.wire.topic for it in retry}:
+                self.on_route_failure(topic)
+        return retry
+
+    @staticmethod
+    def _fail(items: list[Item], err: QClientError, broker: str, retryable: bool,
+              results: list[SendResult | QClientError | None], retry: list[Item]) -> None:
+        for it in items:
+            if retryable:
+                it.error, it.last_broker = err, broker
+                retry.append(it)
+            else:
+                results[it.index] = err
+
+    # --- cancel ----------------------------------------------------------------------
+
+    def plan_cancel(self, result: SendResult, addr: str) -> Plan:
+        """Cancel on the broker that holds the message; retries transport failures there."""
+        body = encode(CancelRequest(topic=result.topic, msg_id=result.msg_id,
+                                    deliver_at_ms=result.deliver_at_ms), self.content_type)
+        deadline = time.monotonic() + self.cfg.send_timeout
+        broker = result.broker_name
+        last: QClientError | None = None
+        for attempt in range(1, self.cfg.times_total + 1):
+            if deadline - time.monotonic() < MIN_ATTEMPT:
+                break
+            timeout = self.attempt_timeout(attempt, deadline)
+            call = HttpCall(broker, addr, BROKER_CANCEL, body, timeout, [])
+            (res,) = yield [call]
+            if res.exc is not None or res.response is None:
+                outcome, last = classify_exception(res.exc or RuntimeError("no response"),
+                                                   broker=broker, timeout=timeout)
+                self.record(broker, res.latency_ms, outcome)
+                if outcome is Outcome.FINAL:
+                    break
+                yield Sleep(0.01 * attempt)
+                continue
+            resp = res.response
+            if resp.status == 200:
+                self.record(broker, res.latency_ms, Outcome.OK)
+                answer = decode(resp.content, CancelResponse, resp.media_type)
+                if not answer.cancelled:
+                    log.info("cancel of %s on %s: %s", result.msg_id, broker, answer.reason)
+                return answer.cancelled
+            code, message = parse_error_response(resp)
+            outcome = response_outcome(code, resp.status)
+            self.record(broker, res.latency_ms, outcome)
+            last = error_for_code(code, message, broker=broker, topic=result.topic,
+                                  status=resp.status)
+            if outcome is Outcome.FINAL:
+                break
+        raise last or SendTimeoutError(f"cancel of {result.msg_id} timed out")

@@ -1,0 +1,142 @@
+"""``AsyncProducer``: the asyncio SDK entry point, on ``httpx.AsyncClient``.
+
+Routing, fault tolerance and retries are the same ``ProducerCore`` plans that
+``Producer`` runs; only the driver differs. The round-robin counter is per asyncio
+task (``ContextIndex``), not per thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from .._models import Message, SendResult
+from ..errors import BrokerUnavailableError, InvalidMessageError, QClientError
+from ..fault.index import ContextIndex
+from ..routing.nameserver import AsyncNameServerClient
+from ..routing.publish_info import TopicPublishInfo
+from ..transport.http import AsyncHttp
+from ._background import Background
+from ._base import ProducerBase, batch_outcome
+from ._core import Item
+from ._drivers import run_async
+
+__all__ = ["AsyncProducer"]
+
+log = logging.getLogger(__name__)
+
+
+class AsyncProducer(ProducerBase):
+    """The asyncio producer; an async context manager. Same options as ``Producer``.
+
+    Create it inside a running event loop and use it from that loop only.
+    """
+
+    def __init__(self, namesrv: str | Sequence[str], *, send_timeout: float = 3.0,
+                 retry_times: int = 2, send_latency_fault_enable: bool = True,
+                 start_detector_enable: bool = True, detect_interval: float = 2.0,
+                 detect_timeout: float = 0.2, route_refresh_interval: float = 30.0,
+                 max_message_size: int = 4 * 1024 * 1024, linger_ms: float = 5.0,
+                 batch_max_messages: int = 256, batch_max_bytes: int = 1 << 20,
+                 max_buffered_messages: int = 100_000, access_key: str | None = None,
+                 secret_key: str | None = None, **options: Any) -> None:
+        super().__init__(namesrv, ContextIndex, dict(
+            send_timeout=send_timeout, retry_times=retry_times,
+            send_latency_fault_enable=send_latency_fault_enable,
+            start_detector_enable=start_detector_enable, detect_interval=detect_interval,
+            detect_timeout=detect_timeout, route_refresh_interval=route_refresh_interval,
+            max_message_size=max_message_size, linger_ms=linger_ms,
+            batch_max_messages=batch_max_messages, batch_max_bytes=batch_max_bytes,
+            max_buffered_messages=max_buffered_messages, access_key=access_key,
+            secret_key=secret_key, **options))
+        cfg = self._cfg
+        self._http = AsyncHttp(content_type=self._core.content_type,
+                               credentials=self._credentials, verify=cfg.verify)
+        self._ns = AsyncNameServerClient(cfg.namesrv, timeout=cfg.namesrv_timeout,
+                                         verify=cfg.verify)
+        # probes and route refreshes: the same background thread as Producer's
+        self._bg = Background(self._core, cfg)
+        self._route_locks: dict[str, asyncio.Lock] = {}
+
+    async def _info(self, topic: str) -> TopicPublishInfo:
+        info = self._core.cached_route(topic)
+        if info is None:
+            # one fetch per topic even when a gather of many sends starts cold
+            lock = self._route_locks.setdefault(topic, asyncio.Lock())
+            async with lock:
+                info = self._core.cached_route(topic)
+                if info is None:
+                    info = self._core.store_route(topic, await self._ns.get_route(topic))
+        return self._core.check_route(info)
+
+    async def _send_one(self, topic: str, body: bytes | str, key: str | None,
+                        tags: str | None, properties: dict[str, str] | None, delay: Any,
+                        deliver_at: Any, msg_id: str | None) -> SendResult:
+        self._check_open()
+        wire = self._core.wire(topic, body, key, tags, properties, delay, deliver_at, msg_id)
+        item = Item(0, wire, await self._info(topic))
+        (result,) = await run_async(self._core.plan_send([item]), self._http)
+        if isinstance(result, QClientError):
+            raise result
+        return result
+
+    async def send(self, topic: str, body: bytes | str, *, key: str | None = None,
+                   tags: str | None = None, properties: dict[str, str] | None = None,
+                   msg_id: str | None = None) -> SendResult:
+        """Send for immediate delivery."""
+        return await self._send_one(topic, body, key, tags, properties, None, None, msg_id)
+
+    async def send_delayed(self, topic: str, body: bytes | str, *,
+                           delay: float | timedelta | None = None,
+                           deliver_at: datetime | float | None = None, key: str | None = None,
+                           tags: str | None = None, properties: dict[str, str] | None = None,
+                           msg_id: str | None = None) -> SendResult:
+        """Send for delivery after ``delay`` or at ``deliver_at`` (exactly one)."""
+        if (delay is None) == (deliver_at is None):
+            raise InvalidMessageError("send_delayed needs exactly one of delay and deliver_at")
+        return await self._send_one(topic, body, key, tags, properties, delay, deliver_at,
+                                    msg_id)
+
+    async def send_batch(self, messages: Iterable[Message]) -> list[SendResult]:
+        """As ``Producer.send_batch``: results in input order, ``BatchSendError`` if any
+        message is not acknowledged."""
+        self._check_open()
+        msgs = list(messages)
+        if not msgs:
+            return []
+        wires = self._core.wires(msgs)
+        infos: dict[str, TopicPublishInfo] = {}
+        for w in wires:
+            if w.topic not in infos:
+                infos[w.topic] = await self._info(w.topic)
+        items = [Item(i, w, infos[w.topic]) for i, w in enumerate(wires)]
+        return batch_outcome(await run_async(self._core.plan_send(items), self._http))
+
+    async def cancel(self, result: SendResult) -> bool:
+        """Cancel a scheduled message before it fires; True if it was cancelled."""
+        self._check_open()
+        addr = self._core.routes.resolve(result.broker_name)
+        if addr is None and result.topic:
+            addr = (await self._info(result.topic)).broker_addrs.get(result.broker_name)
+        if addr is None:
+            raise BrokerUnavailableError(f"broker {result.broker_name} is in no known route",
+                                         broker_name=result.broker_name)
+        return bool(await run_async(self._core.plan_cancel(result, addr), self._http))
+
+    async def close(self, timeout: float | None = None) -> None:
+        """Stop the background thread and close connections; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        await asyncio.to_thread(self._bg.close)
+        await self._http.aclose()
+        await self._ns.aclose()
+
+    async def __aenter__(self) -> AsyncProducer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

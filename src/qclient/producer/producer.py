@@ -1,0 +1,186 @@
+"""``Producer``: the blocking SDK entry point."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from datetime import datetime, timedelta
+from typing import Any
+
+from .._models import Message, SendResult
+from ..errors import BrokerUnavailableError, InvalidMessageError, QClientError
+from ..fault.index import ThreadLocalIndex
+from ..routing.nameserver import NameServerClient
+from ..routing.publish_info import TopicPublishInfo
+from ..transport.http import SyncHttp
+from ._background import Background
+from ._base import ProducerBase, batch_outcome
+from ._core import Item
+from ._drivers import run_sync
+from .sender import Sender
+
+__all__ = ["Producer"]
+
+log = logging.getLogger(__name__)
+
+
+class Producer(ProducerBase):
+    """Sends (delayed) messages; thread-safe; a context manager. See CONTRACT.md."""
+
+    def __init__(self, namesrv: str | Sequence[str], *, send_timeout: float = 3.0,
+                 retry_times: int = 2, send_latency_fault_enable: bool = True,
+                 start_detector_enable: bool = True, detect_interval: float = 2.0,
+                 detect_timeout: float = 0.2, route_refresh_interval: float = 30.0,
+                 max_message_size: int = 4 * 1024 * 1024, linger_ms: float = 5.0,
+                 batch_max_messages: int = 256, batch_max_bytes: int = 1 << 20,
+                 max_buffered_messages: int = 100_000, access_key: str | None = None,
+                 secret_key: str | None = None, **options: Any) -> None:
+        super().__init__(namesrv, ThreadLocalIndex, dict(
+            send_timeout=send_timeout, retry_times=retry_times,
+            send_latency_fault_enable=send_latency_fault_enable,
+            start_detector_enable=start_detector_enable, detect_interval=detect_interval,
+            detect_timeout=detect_timeout, route_refresh_interval=route_refresh_interval,
+            max_message_size=max_message_size, linger_ms=linger_ms,
+            batch_max_messages=batch_max_messages, batch_max_bytes=batch_max_bytes,
+            max_buffered_messages=max_buffered_messages, access_key=access_key,
+            secret_key=secret_key, **options))
+        cfg = self._cfg
+        self._http = SyncHttp(content_type=self._core.content_type,
+                              credentials=self._credentials, verify=cfg.verify)
+        self._ns = NameServerClient(cfg.namesrv, timeout=cfg.namesrv_timeout, verify=cfg.verify)
+        self._bg = Background(self._core, cfg)
+        self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+        self._sender: Sender | None = None
+
+    # --- routes --------------------------------------------------------------------
+
+    def _info(self, topic: str) -> TopicPublishInfo:
+        info = self._core.cached_route(topic)
+        if info is None:
+            # first send to this topic: the only time a send waits for a name server
+            info = self._core.store_route(topic, self._ns.get_route(topic))
+        return self._core.check_route(info)
+
+    def _executor(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            with self._lock:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(self._cfg.max_concurrency,
+                                                    thread_name_prefix="qclient-batch")
+        return self._pool
+
+    def _send_one(self, topic: str, body: bytes | str, key: str | None, tags: str | None,
+                  properties: dict[str, str] | None, delay: Any, deliver_at: Any,
+                  msg_id: str | None) -> SendResult:
+        self._check_open()
+        wire = self._core.wire(topic, body, key, tags, properties, delay, deliver_at, msg_id)
+        item = Item(0, wire, self._info(topic))
+        (result,) = run_sync(self._core.plan_send([item]), self._http)
+        if isinstance(result, QClientError):
+            raise result
+        return result
+
+    # --- the API -------------------------------------------------------------------
+
+    def send(self, topic: str, body: bytes | str, *, key: str | None = None,
+             tags: str | None = None, properties: dict[str, str] | None = None,
+             msg_id: str | None = None) -> SendResult:
+        """Send for immediate delivery; returns once the broker made it durable."""
+        return self._send_one(topic, body, key, tags, properties, None, None, msg_id)
+
+    def send_delayed(self, topic: str, body: bytes | str, *,
+                     delay: float | timedelta | None = None,
+                     deliver_at: datetime | float | None = None, key: str | None = None,
+                     tags: str | None = None, properties: dict[str, str] | None = None,
+                     msg_id: str | None = None) -> SendResult:
+        """Send for delivery after ``delay`` or at ``deliver_at`` (exactly one)."""
+        if (delay is None) == (deliver_at is None):
+            raise InvalidMessageError("send_delayed needs exactly one of delay and deliver_at")
+        return self._send_one(topic, body, key, tags, properties, delay, deliver_at, msg_id)
+
+    def send_batch(self, messages: Iterable[Message]) -> list[SendResult]:
+        """Send many messages: one request per target broker per chunk, chunks to
+        different brokers concurrently; results in input order. If any message is not
+        acknowledged, raises ``BatchSendError`` whose ``.results`` say which were."""
+        self._check_open()
+        msgs = list(messages)
+        if not msgs:
+            return []
+        wires = self._core.wires(msgs)
+        infos: dict[str, TopicPublishInfo] = {}
+        for w in wires:
+            if w.topic not in infos:
+                infos[w.topic] = self._info(w.topic)
+        items = [Item(i, w, infos[w.topic]) for i, w in enumerate(wires)]
+        results = run_sync(self._core.plan_send(items), self._http, self._executor)
+        return batch_outcome(results)
+
+    def send_async(self, message: Message) -> Future[SendResult]:
+        """Queue a message for the background sender; the future completes with its
+        ``SendResult`` or exception. Blocks up to ``send_timeout`` while
+        ``max_buffered_messages`` are buffered, then raises ``BufferFullError``."""
+        self._check_open()
+        wire = self._core.wires([message])[0]
+        info = self._info(wire.topic)
+        queue = self._core.select(info)
+        sender = self._sender
+        if sender is None:
+            with self._lock:
+                self._check_open()
+                if self._sender is None:
+                    self._sender = Sender(self._core, self._cfg, self._credentials)
+                sender = self._sender
+        future: Future[SendResult] = Future()
+        sender.accumulator.append(Item(0, wire, info, queue), future, queue.broker_name,
+                                  self._cfg.send_timeout)
+        return future
+
+    def cancel(self, result: SendResult) -> bool:
+        """Cancel a scheduled message before it fires; True if it was cancelled."""
+        self._check_open()
+        addr = self._core.routes.resolve(result.broker_name)
+        if addr is None and result.topic:
+            addr = self._info(result.topic).broker_addrs.get(result.broker_name)
+        if addr is None:
+            raise BrokerUnavailableError(f"broker {result.broker_name} is in no known route",
+                                         broker_name=result.broker_name)
+        return bool(run_sync(self._core.plan_cancel(result, addr), self._http))
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until every ``send_async`` so far has completed (``SendTimeoutError``
+        if ``timeout`` passes first)."""
+        sender = self._sender
+        if sender is not None:
+            sender.accumulator.flush(timeout)
+
+    def close(self, timeout: float | None = None) -> None:
+        """Flush, stop the background threads, close connections. Idempotent; every
+        ``send_async`` future is completed (result or exception) when it returns."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            sender = self._sender
+        if sender is not None:
+            sender.stop(timeout)
+        self._bg.close()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+        self._http.close()
+        self._ns.close()
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        # best effort for producers never closed: stop the daemon threads
+        if not getattr(self, "_closed", True):
+            with contextlib.suppress(Exception):
+                self._bg.detector.stop(timeout=0)

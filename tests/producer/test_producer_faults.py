@@ -1,0 +1,62 @@
+"""Against real (fake) brokers on loopback: hung brokers, per-attempt timeouts, detector."""
+
+from __future__ import annotations
+
+import time
+
+from qclient import Producer
+
+from .fakes import fake_cluster, wait_until
+
+
+def test_hung_broker_costs_one_attempt_share_and_is_avoided() -> None:
+    with fake_cluster() as (ns, (a, _b)), Producer(ns.addr, send_timeout=3.0,
+                                                  detect_interval=0.2) as p:
+        p.send("t", b"warm")
+        a.mode = "hang"  # accepts, reads, never answers (as under SIGSTOP)
+        worst = 0.0
+        latencies = []
+        for i in range(60):
+            t0 = time.monotonic()
+            r = p.send_delayed("t", f"m{i}", delay=5)
+            took = time.monotonic() - t0
+            latencies.append(took)
+            worst = max(worst, took)
+            assert r.broker_name == "broker-b"
+        assert worst < 1.5, worst  # send_timeout=3 over 3 attempts: ~1 s for the hung one
+        slow = [t for t in latencies if t > 0.5]
+        assert len(slow) <= 1, slow  # after the first timeout the broker is avoided
+        fa = next(f for f in p.fault_items() if f.name == "broker-a")
+        assert not fa.available and not fa.reachable
+        # the broker comes back: the detector ends the isolation, traffic returns
+        a.mode = "ok"
+        a.release.set()
+        assert wait_until(lambda: all(f.available and f.reachable for f in p.fault_items()),
+                          5.0)
+        a.release.clear()
+        names = {p.send("t", b"z").broker_name for _ in range(16)}
+        assert names == {"broker-a", "broker-b"}
+
+
+def test_fault_tolerance_off_pays_every_time() -> None:
+    with fake_cluster() as (ns, (a, _b)), Producer(ns.addr, send_timeout=0.6, retry_times=1,
+                                                  send_latency_fault_enable=False) as p:
+        p.send("t", b"warm")
+        a.mode = "hang"
+        slow = hits = 0
+        for _ in range(40):  # every send whose first pick is the hung broker pays a timeout
+            before = a.sends
+            t0 = time.monotonic()
+            assert p.send("t", b"x").broker_name == "broker-b"
+            slow += time.monotonic() - t0 > 0.25
+            hits += a.sends > before
+            if hits >= 3:
+                break
+        assert hits >= 3 and slow == hits
+        assert p.fault_items() == []
+        # runtime toggle: on from now
+        p.send_latency_fault_enable = True
+        t0 = time.monotonic()
+        for _ in range(8):
+            p.send("t", b"y")
+        assert time.monotonic() - t0 < 0.6 + 0.5  # at most one more timed-out attempt

@@ -1,0 +1,76 @@
+"""Route cache: TTL expiry, last good route, TopicPublishInfo."""
+
+from __future__ import annotations
+
+import time
+
+from qclient import Producer
+from qclient.fault import ThreadLocalIndex
+from qclient.protocol.wire import BrokerData, QueueData, TopicRoute
+from qclient.routing import RouteCache, TopicPublishInfo
+
+from .conftest import route
+from .fakes import fake_cluster, wait_until
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_publish_info_writable_masters_sorted() -> None:
+    r = TopicRoute(topic="t", queue_datas=[
+        QueueData(broker_name="c", read_queue_nums=2, write_queue_nums=2, perm=6),
+        QueueData(broker_name="a", read_queue_nums=3, write_queue_nums=3, perm=6),
+        QueueData(broker_name="ro", read_queue_nums=4, write_queue_nums=4, perm=4),
+        QueueData(broker_name="slave-only", read_queue_nums=4, write_queue_nums=4, perm=6),
+        QueueData(broker_name="gone", read_queue_nums=4, write_queue_nums=4, perm=6),
+    ], broker_datas=[
+        BrokerData(broker_name="a", addrs={0: "h:1"}),
+        BrokerData(broker_name="c", addrs={0: "h:3", 1: "h:4"}),
+        BrokerData(broker_name="ro", addrs={0: "h:5"}),
+        BrokerData(broker_name="slave-only", addrs={1: "h:6"}),
+    ])
+    info = TopicPublishInfo.from_route("t", r)
+    assert [(q.broker_name, q.queue_id) for q in info.queues] == [
+        ("a", 0), ("a", 1), ("a", 2), ("c", 0), ("c", 1)]
+    assert info.broker_addrs == {"a": "h:1", "c": "h:3"}
+
+
+def test_ttl_expiry_and_last_good() -> None:
+    clock = Clock()
+    cache = RouteCache(30.0, ThreadLocalIndex, timer=clock)
+    stale_calls: list[str] = []
+    cache.set_on_stale(stale_calls.append)
+    assert cache.get("t") == (None, False)
+    info = cache.put("t", route())
+    assert cache.get("t") == (info, True)
+    assert cache.stale_topics() == []
+    clock.now += 30.1
+    got, fresh = cache.get("t")
+    assert got is info and not fresh  # last good, served while a refresh is due
+    assert stale_calls == ["t"]
+    assert cache.stale_topics() == ["t"]
+    new = cache.put("t", route(brokers={"broker-a": "127.0.0.1:1"}))
+    assert new.index is info.index  # the round robin continues across refreshes
+    assert cache.get("t") == (new, True)
+    assert cache.resolve("broker-b") is None  # left the route
+    cache.mark_stale("t")  # after a send failure
+    assert cache.stale_topics() == ["t"]
+
+
+def test_refresh_on_timer_and_last_good_when_name_server_down() -> None:
+    with fake_cluster() as (ns, _brokers), Producer(
+            ns.addr, route_refresh_interval=0.2, start_detector_enable=False,
+            namesrv_timeout=0.3) as p:
+        p.send("t", b"x")
+        assert ns.calls == 1
+        assert wait_until(lambda: ns.calls >= 3, 5.0)  # refreshed in the background
+        ns.stop()  # every name server gone
+        time.sleep(0.5)  # the route expires meanwhile: the last good one stays in use
+        for _ in range(20):
+            assert p.send("t", b"y").broker_name in {"broker-a", "broker-b"}
+        assert p.stats()["failed"] == 0

@@ -1,0 +1,112 @@
+"""Validation before the network, message ids, config."""
+
+from __future__ import annotations
+
+import os
+import zlib
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from qclient._config import ProducerConfig
+from qclient._ids import new_msg_id
+from qclient._validation import to_wire
+from qclient.errors import InvalidMessageError, MessageTooLargeError
+from qclient.protocol.wire import FLAG_COMPRESSED
+from qclient.transport import Credentials
+
+CFG = ProducerConfig.create("127.0.0.1:1", max_message_size=1000, compress_threshold=100)
+
+
+@pytest.mark.parametrize("topic", ["", "a b", "a/b", "x" * 128, "é", None])
+def test_bad_topics(topic: object) -> None:
+    with pytest.raises(InvalidMessageError):
+        to_wire(CFG, topic, b"x")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("topic", ["a", "A-b_c%d|e", "x" * 127])
+def test_good_topics(topic: str) -> None:
+    assert to_wire(CFG, topic, b"x").topic == topic
+
+
+def test_body_too_large_and_str_body() -> None:
+    with pytest.raises(MessageTooLargeError):
+        to_wire(CFG, "t", b"x" * 1001)
+    assert to_wire(CFG, "t", "héllo").body == "héllo".encode()
+    with pytest.raises(InvalidMessageError):
+        to_wire(CFG, "t", 12)  # type: ignore[arg-type]
+
+
+def test_delays() -> None:
+    assert to_wire(CFG, "t", b"", delay=1.5).delay_ms == 1500
+    assert to_wire(CFG, "t", b"", delay=timedelta(minutes=1)).delay_ms == 60000
+    w = to_wire(CFG, "t", b"")
+    assert w.delay_ms is None and w.deliver_at_ms is None
+    for bad in (-1, -0.001, timedelta(seconds=-1), float("nan"), True, "5s"):
+        with pytest.raises(InvalidMessageError):
+            to_wire(CFG, "t", b"", delay=bad)
+    with pytest.raises(InvalidMessageError, match="maximum delay"):
+        to_wire(CFG, "t", b"", delay=timedelta(days=40, seconds=1))
+    assert to_wire(CFG, "t", b"", delay=timedelta(days=40)).delay_ms == 40 * 86400 * 1000
+
+
+def test_deliver_at() -> None:
+    at = datetime.now(UTC) + timedelta(hours=1)
+    assert to_wire(CFG, "t", b"", deliver_at=at).deliver_at_ms == round(at.timestamp() * 1000)
+    assert to_wire(CFG, "t", b"", deliver_at=at.timestamp()).deliver_at_ms == round(
+        at.timestamp() * 1000)
+    with pytest.raises(InvalidMessageError, match="aware"):
+        to_wire(CFG, "t", b"", deliver_at=datetime.now())
+    with pytest.raises(InvalidMessageError, match="maximum delay"):
+        to_wire(CFG, "t", b"", deliver_at=at + timedelta(days=40))
+    with pytest.raises(InvalidMessageError, match="at most one"):
+        to_wire(CFG, "t", b"", delay=1, deliver_at=at)
+    small = ProducerConfig.create("h:1", max_delay=60)
+    with pytest.raises(InvalidMessageError):
+        to_wire(small, "t", b"", delay=61)
+
+
+def test_compression_flag_and_roundtrip() -> None:
+    body = b"abc" * 200
+    w = to_wire(CFG, "t", body)
+    assert w.flag & FLAG_COMPRESSED and zlib.decompress(w.body) == body
+    random_body = os.urandom(500)  # incompressible: sent as is
+    w = to_wire(CFG, "t", random_body)
+    assert w.flag == 0 and w.body == random_body
+    assert to_wire(CFG, "t", b"a" * 100).flag == 0  # at the threshold: not compressed
+
+
+def test_properties_key_tags_msg_id() -> None:
+    w = to_wire(CFG, "t", b"", key="k", tags="a||b", properties={"x": "1"}, msg_id="id-1")
+    assert (w.key, w.tags, w.properties, w.msg_id) == ("k", "a||b", {"x": "1"}, "id-1")
+    for kw in ({"properties": {"x": 1}}, {"key": 3}, {"tags": 1}, {"msg_id": ""}):
+        with pytest.raises(InvalidMessageError):
+            to_wire(CFG, "t", b"", **kw)  # type: ignore[arg-type]
+
+
+def test_ids_unique_in_process_and_across_fork() -> None:
+    ids = {new_msg_id() for _ in range(100_000)}
+    assert len(ids) == 100_000
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: report a few ids and leave without running pytest's teardown
+        os.write(w, ",".join(new_msg_id() for _ in range(100)).encode())
+        os._exit(0)
+    os.close(w)
+    child = set(os.read(r, 1 << 16).decode().split(","))
+    os.close(r)
+    os.waitpid(pid, 0)
+    mine = {new_msg_id() for _ in range(100)}
+    assert len(child) == 100 and not child & mine
+    assert {i[:16] for i in child} != {i[:16] for i in mine}
+
+
+def test_secrets_never_in_reprs() -> None:
+    cfg = ProducerConfig.create("h:1", access_key="app1", secret_key="s3cr3t-value")
+    assert "s3cr3t" not in repr(cfg)
+    assert "s3cr3t" not in repr(Credentials("app1", "s3cr3t-value"))
+    with pytest.raises(ValueError):
+        ProducerConfig.create("h:1", access_key="app1")
+    with pytest.raises(TypeError):
+        ProducerConfig.create("h:1", no_such_option=1)
+    assert ProducerConfig.create(["a:1", "b:2,c:3"]).namesrv == ("a:1", "b:2", "c:3")
