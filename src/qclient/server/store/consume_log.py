@@ -105,30 +105,15 @@ class ConsumeQueue:
         cutoff = max(r.fired_at_ms for r in records) - _RECENT_SPAN_MS
         return [r for r in records if r.fired_at_ms >= cutoff]
 
-    def append(self, items: Iterable[tuple[rec.Record, int, int]]) -> int:
-        """Append fired messages ``(record, source position, fired_at_ms)``; not yet
-        visible. Returns how many were appended."""
+    def append(self, items: Iterable[tuple[bytes, int, int]]) -> int:
+        """Append fired messages ``(message record bytes, source position, fired_at_ms)``;
+        not yet visible. Returns how many were appended."""
         chunks = []
         index = []
         off = self.next
         pos = self.log_end
-        for r, src, fired_at in items:
-            data = rec.encode(
-                rec.KIND_FIRED,
-                r.msg_id,
-                r.topic,
-                r.body,
-                flag=r.flag,
-                queue_id=r.queue_id,
-                received_ms=r.received_ms,
-                deliver_at_ms=r.deliver_at_ms,
-                fired_at_ms=fired_at,
-                qoffset=off,
-                ref=src,
-                key=r.key,
-                tags=r.tags,
-                properties=r.properties,
-            )
+        for raw, src, fired_at in items:
+            data = rec.to_fired(raw, fired_at, off, src)
             chunks.append(data)
             index.append(INDEX.pack(pos, len(data)))
             pos += len(data)

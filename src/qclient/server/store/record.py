@@ -187,3 +187,47 @@ def decode(buf: bytes | memoryview, off: int = 0) -> tuple[Record, int]:
         kind, flag, qid, rec_ms, dl_ms, fired, qoff, ref, msg_id, topic, key, tags, props, body
     )
     return rec, int(length)
+
+
+# byte offsets inside a record (PRE is 12 bytes, then REST)
+_OFF_KIND = 12
+_OFF_FIRED = 37  # fired_at_ms, qoffset, ref: three i64
+_ROUTE = struct.Struct("<BiiqqqqqHH")  # up to len(topic)
+_FIRED_FIELDS = struct.Struct("<qqq")
+_CRC = struct.Struct("<I")
+
+
+class Route(NamedTuple):
+    """The few fields the firing path needs, read without decoding the whole record."""
+
+    kind: int
+    queue_id: int
+    deliver_at_ms: int
+    topic: str
+
+
+def verify_route(data: bytes) -> Route:
+    """Check magic, length and CRC of the whole record in ``data``; return its route."""
+    if len(data) < HEADER_SIZE:
+        raise CorruptRecord("short header")
+    magic, length, crc = PRE.unpack_from(data)
+    if magic != MAGIC or length != len(data):
+        raise CorruptRecord("bad magic or length")
+    if zlib.crc32(memoryview(data)[PRE.size :]) != crc:
+        raise CorruptRecord("crc mismatch")
+    kind, _f, qid, _r, deliver, _fi, _qo, _ref, lm, lt = _ROUTE.unpack_from(data, PRE.size)
+    start = HEADER_SIZE + lm
+    try:
+        topic = data[start : start + lt].decode()
+    except UnicodeDecodeError:
+        raise CorruptRecord("bad topic") from None
+    return Route(kind, qid, deliver, topic)
+
+
+def to_fired(data: bytes, fired_at_ms: int, qoffset: int, ref: int) -> bytes:
+    """The consume-log copy of a message record: same fields, kind FIRED, new CRC."""
+    buf = bytearray(data)
+    buf[_OFF_KIND] = KIND_FIRED
+    _FIRED_FIELDS.pack_into(buf, _OFF_FIRED, fired_at_ms, qoffset, ref)
+    _CRC.pack_into(buf, 8, zlib.crc32(memoryview(buf)[PRE.size :]))
+    return bytes(buf)

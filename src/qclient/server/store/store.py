@@ -634,19 +634,23 @@ class DelayStore:
 
     def _fire(self, due: list[tuple[int, int, int]], now: int) -> None:
         fired_at = max(now, self._clock())
-        by_q: dict[tuple[str, int], list[tuple[rec.Record, int, int]]] = collections.defaultdict(
-            list
-        )
+        by_q: dict[tuple[str, int], list[tuple[bytes, int, int]]] = collections.defaultdict(list)
         dispatch: dict[int, list[int]] = collections.defaultdict(list)
         lateness = self._lateness
+        read = self._mlog.read
         for d, pos, size in due:
-            r = self._mlog.read_record(pos, size)
+            raw = read(pos, size)
             dispatch[d // self.bucket_ms].append(pos)
-            if r is None or r.kind != _MSG or r.deliver_at_ms != d:
-                log.error("schedule entry at %d does not match its message record; dropped", pos)
+            try:
+                route = rec.verify_route(raw)
+                if route.kind != _MSG or route.deliver_at_ms != d:
+                    raise rec.CorruptRecord("not the scheduled message")
+                check_name(route.topic)
+            except (rec.CorruptRecord, ValueError) as exc:
+                log.error("schedule entry at %d: %s; dropped", pos, exc)
                 self._stats["corrupt_records"] += 1
                 continue
-            by_q[(r.topic, r.queue_id)].append((r, pos, fired_at))
+            by_q[(route.topic, route.queue_id)].append((raw, pos, fired_at))
             lateness.append(fired_at - d)
         queues = []
         for (topic, qid), items in by_q.items():
@@ -827,6 +831,12 @@ class DelayStore:
         e = _Entry(_CANCEL, msg_id, 0, data, r.queue_id, r.deliver_at_ms, ref=pos)
         batch.entries.append((0, e))
         with self._submit_lock:
+            try:
+                self._check_open()  # the committer drains what is queued before it stops
+            except StoreError:
+                with self._sched:
+                    w.cancelled.get(b, set()).discard(pos)
+                raise
             self._queue.append(batch)
             self._pending += 1
             self._submit_cv.notify()
