@@ -98,8 +98,12 @@ def _wait_all(arr: _Arrivals, due: dict[str, float], until_epoch: float) -> None
         time.sleep(0.02)
 
 
-def _items(w: Workload, rng: random.Random, prefix: str) -> list[tuple[str, float]]:
-    return [(f"{prefix}-{i}", rng.uniform(w.min_delay_s, w.max_delay_s)) for i in range(w.n)]
+def _items(
+    w: Workload, rng: random.Random, prefix: str, offset_s: float = 0.0
+) -> list[tuple[str, float]]:
+    return [
+        (f"{prefix}-{i}", offset_s + rng.uniform(w.min_delay_s, w.max_delay_s)) for i in range(w.n)
+    ]
 
 
 def _thin(values: list[float], k: int) -> list[float]:
@@ -156,9 +160,12 @@ def _kill_phase(
     rng: random.Random,
     batch: int | None,
     progress: Callable[[int], None] | None,
+    offset_s: float,
 ) -> dict[str, Any]:
     chan = f"bench-k-{uuid.uuid4().hex[:8]}"
-    items = _items(w, rng, chan)
+    # Slow senders would see their first messages fire before the kill; shift the delays by
+    # the time the timing phase took to send, so nearly all are still pending at the kill.
+    items = _items(w, rng, chan, offset_s)
     arr = _Arrivals()
     due: dict[str, float] = {}
     cons = peer.consumer(chan, arr)
@@ -190,6 +197,7 @@ def _kill_phase(
         "duplicates": total - survived,
         "restart_s": round(restart_s, 3),
         "enqueue_s": round(enqueue_s, 3),
+        "delay_offset_s": offset_s,
     }
 
 
@@ -220,7 +228,8 @@ def run_peer(
         out["start_s"] = round(time.perf_counter() - t0, 2)
         out.update(_timing_phase(peer, w, rng, w.batch if batch else None, progress))
         if w.kill_test:
-            out["kill9"] = _kill_phase(peer, w, rng, w.batch if batch else None, progress)
+            offset = round(min(1.2 * out["enqueue_s"], 120.0), 2)
+            out["kill9"] = _kill_phase(peer, w, rng, w.batch if batch else None, progress, offset)
         note = peer.rounding_note()
         if note:
             out["note"] = note
