@@ -19,7 +19,7 @@ import httpx
 import msgspec
 
 from ._models import ReceivedMessage
-from .errors import ProducerClosedError, QClientError
+from .errors import AuthError, ProducerClosedError, QClientError
 from .protocol import wire
 from .routing.nameserver import NameServerClient
 from .transport.errors import classify_exception, error_for_code, parse_error_response
@@ -175,6 +175,11 @@ class Consumer:
                 self._accept(name, resp)
             if self._buffer:
                 return
+            # issue 6: refused credentials will not change by waiting; say so at once
+            # (otherwise a poll could end with [] and the reason would be lost).
+            refused = [e for e in errors if isinstance(e, AuthError)]
+            if refused:
+                raise refused[0]
             if errors and len(errors) == len(self._brokers):
                 self._refresh_route(force=True)
                 if time.monotonic() >= deadline:
