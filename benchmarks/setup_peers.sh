@@ -1,14 +1,26 @@
 #!/usr/bin/env bash
 # Install the peer servers and client libraries the benchmark compares qclient with.
-#   sudo-less root machine:  bash benchmarks/setup_peers.sh
-#   choose the interpreter:  PYTHON=.venv/bin/python bash benchmarks/setup_peers.sh
-# The bench starts each server itself (loopback, free port, temp data dir) and stops it
-# afterwards, so the system services the packages install are stopped and disabled here.
+#   bash benchmarks/setup_peers.sh            # no-op when everything is there already
+#   bash benchmarks/setup_peers.sh --force    # apt-get / pip again
+#   PYTHON=.venv/bin/python bash benchmarks/setup_peers.sh
+# Needs root or sudo for apt-get (Debian/Ubuntu). The bench starts each server itself
+# (loopback, free port, temp data dir) and stops it afterwards, so the packaged services
+# are not started here (policy-rc.d).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-.venv/bin/python}"
 [ -x "$PYTHON" ] || PYTHON=python3
+
+have_all() {
+    command -v redis-server >/dev/null && command -v beanstalkd >/dev/null \
+        && [ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] \
+        && "$PYTHON" -c "import redis, pika, greenstalk, celery" 2>/dev/null
+}
+if [ "${1:-}" != "--force" ] && have_all; then
+    echo "setup_peers: already installed"
+    exit 0
+fi
 
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then

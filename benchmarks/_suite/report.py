@@ -133,13 +133,51 @@ def peers_table(rows: list[dict[str, Any]]) -> str:
     )
 
 
+_OPS = {
+    ">=": lambda v, t: v >= t,
+    "<=": lambda v, t: v <= t,
+    "==": lambda v, t: v == t,
+    ">": lambda v, t: v > t,
+    "<": lambda v, t: v < t,
+}
+
+
+def _find_metric(result: Mapping[str, Any], name: str) -> Any:
+    """The value of the flattened key equal to ``name`` or ending in ``.name`` (first found)."""
+    for k, v in flatten(result):
+        if (k == name or k.endswith("." + name)) and isinstance(v, int | float):
+            return v
+    return None
+
+
+def declared_targets(result: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A scenario's targets as ``[{name, value, target, met}]``.
+
+    Accepts the README's list form, and the short form ``{"metric>=": 30000, ...}`` whose
+    metric is looked up (by key or key suffix) among the result's numbers.
+    """
+    raw = result.get("targets")
+    out: list[dict[str, Any]] = []
+    if isinstance(raw, list):
+        out = [t for t in raw if isinstance(t, dict)]
+    elif isinstance(raw, dict):
+        for key, want in raw.items():
+            op = next((o for o in (">=", "<=", "==", ">", "<") if str(key).endswith(o)), None)
+            if op is None or not isinstance(want, int | float):
+                out.append({"name": key, "value": None, "target": str(want), "met": None})
+                continue
+            metric = str(key)[: -len(op)]
+            value = _find_metric(result, metric)
+            met = None if value is None else bool(_OPS[op](value, want))
+            out.append({"name": metric, "value": value, "target": f"{op} {want}", "met": met})
+    return out
+
+
 def targets_table(results: Mapping[str, Any]) -> str | None:
     """Every scenario's declared targets, met or not."""
     rows = []
     for name, rec in results.get("scenarios", {}).items():
-        for t in (rec.get("result") or {}).get("targets") or []:
-            if not isinstance(t, dict):
-                continue
+        for t in declared_targets(rec.get("result") or {}):
             met = t.get("met")
             rows.append(
                 [

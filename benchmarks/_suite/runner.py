@@ -104,15 +104,24 @@ def _kill_group(pgid: int, sig: int) -> bool:
 
 
 def _last_json(stdout: str) -> dict[str, Any] | None:
-    for line in reversed(stdout.splitlines()):
-        line = line.strip()
-        if not line:
-            continue
-        try:
-            value = json.loads(line)
-        except ValueError:
-            return None
+    """The JSON object that ends the output: its last line, or (tolerated) a pretty-printed
+    object that starts at the beginning of a line further up."""
+    text = stdout.rstrip()
+    if not text:
+        return None
+    lines = text.splitlines()
+    try:
+        value = json.loads(lines[-1])
         return value if isinstance(value, dict) else None
+    except ValueError:
+        pass
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i].startswith("{"):
+            try:
+                value = json.loads("\n".join(lines[i:]))
+            except ValueError:
+                continue
+            return value if isinstance(value, dict) else None
     return None
 
 
@@ -295,6 +304,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results directory")
     ap.add_argument("--peers", default="", help="comma-separated peer labels (peers scenario)")
     ap.add_argument("--peers-n", type=int, default=None, help="messages per peer phase")
+    ap.add_argument(
+        "--setup-peers",
+        action="store_true",
+        help="run benchmarks/setup_peers.sh first (apt-get + pip; a no-op when installed)",
+    )
     ap.add_argument("--list", action="store_true", help="list the scenarios and exit")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = ap.parse_args(argv)
@@ -309,6 +323,14 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"benchmarks: {exc}", file=sys.stderr)
         return 2
+    if args.setup_peers:
+        env = {**os.environ, "PYTHON": sys.executable}
+        rc = subprocess.run(["bash", str(BENCH / "setup_peers.sh")], env=env, check=False)
+        if rc.returncode != 0:
+            print(
+                "benchmarks: setup_peers.sh failed; peers not installed are skipped",
+                file=sys.stderr,
+            )
     peer_args: tuple[str, ...] = ()
     if args.peers:
         peer_args += ("--only", args.peers)
