@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import shutil
 import tempfile
 import threading
@@ -57,16 +58,19 @@ def bench_accept(d: Path, duration: float, threads: int, fsync: bool) -> dict[st
         counts[k] = i
 
     t0 = time.monotonic()
+    c0 = time.process_time()
     ts = [threading.Thread(target=run, args=(k,)) for k in range(threads)]
     for t in ts:
         t.start()
     for t in ts:
         t.join()
     elapsed = time.monotonic() - t0
+    cpu = time.process_time() - c0
     st = s.stats()
     s.close()
     return {
         "msgs_per_s": sum(counts) / elapsed,
+        "cpu_us_per_msg": cpu / max(1, sum(counts)) * 1e6,
         "fsyncs_per_s": st["fsyncs"] / elapsed,
         "avg_group_size": st["avg_group_size"],
     }
@@ -79,6 +83,7 @@ def bench_pipelined(d: Path, duration: float, inflight: int, fsync: bool) -> dic
     pending: deque[Future[object]] = deque()
     n = 0
     t0 = time.monotonic()
+    c0 = time.process_time()
     stop = t0 + duration
     while time.monotonic() < stop and n < MAX_MESSAGES:
         if len(pending) >= inflight:
@@ -89,10 +94,12 @@ def bench_pipelined(d: Path, duration: float, inflight: int, fsync: bool) -> dic
     while pending:
         pending.popleft().result()
     elapsed = time.monotonic() - t0
+    cpu = time.process_time() - c0
     st = s.stats()
     s.close()
     return {
         "msgs_per_s": n / elapsed,
+        "cpu_us_per_msg": cpu / max(1, n) * 1e6,
         "fsyncs_per_s": st["fsyncs"] / elapsed,
         "avg_group_size": st["avg_group_size"],
     }
@@ -169,14 +176,20 @@ def main() -> None:
         print(json.dumps(out, indent=2))
         return
     at, ap_, fi = out["accept_threads"], out["accept_pipelined"], out["fire"]
-    print(f"fsync={fsync}  batches of {BATCH} x {len(BODY)} B")
+
+    print(
+        f"fsync={fsync}  batches of {BATCH} x {len(BODY)} B  "
+        f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)"
+    )
     print(
         f"accept, {a.threads} blocking submitters: {at['msgs_per_s']:,.0f} msgs/s "
-        f"({at['fsyncs_per_s']:,.0f} fsync/s, {at['avg_group_size']:.0f} msgs/group)"
+        f"({at['fsyncs_per_s']:,.0f} fsync/s, {at['avg_group_size']:.0f} msgs/group, "
+        f"{at['cpu_us_per_msg']:.1f} us CPU/msg)"
     )
     print(
         f"accept, pipelined x{a.inflight}:        {ap_['msgs_per_s']:,.0f} msgs/s "
-        f"({ap_['fsyncs_per_s']:,.0f} fsync/s, {ap_['avg_group_size']:.0f} msgs/group)"
+        f"({ap_['fsyncs_per_s']:,.0f} fsync/s, {ap_['avg_group_size']:.0f} msgs/group, "
+        f"{ap_['cpu_us_per_msg']:.1f} us CPU/msg)"
     )
     print(
         f"fire at {fi.get('rate_per_s', 0):,.0f} due msgs/s: "

@@ -61,15 +61,6 @@ class CorruptRecord(Exception):
     """Bad magic, impossible length or CRC mismatch."""
 
 
-def _opt(s: str | None) -> tuple[bytes, int]:
-    if s is None:
-        return b"", _NONE16
-    b = s.encode()
-    if len(b) > MAX_STR:
-        raise ValueError("string field longer than 65534 bytes")
-    return b, len(b)
-
-
 def encode(
     kind: int,
     msg_id: str,
@@ -90,44 +81,45 @@ def encode(
     """Encode one record; raises ValueError on out-of-range fields."""
     mid = msg_id.encode()
     top = topic.encode()
-    if len(mid) > MAX_STR or len(top) > MAX_STR:
-        raise ValueError("msg_id/topic too long")
-    kb, kl = _opt(key)
-    tb, tl = _opt(tags)
+    if key is None:
+        kb, kl = b"", _NONE16
+    else:
+        kb = key.encode()
+        kl = len(kb)
+    if tags is None:
+        tb, tl = b"", _NONE16
+    else:
+        tb = tags.encode()
+        tl = len(tb)
     if properties is None:
         pb, pl = b"", _NONE32
     else:
         pb = _enc_props.encode(properties)
         pl = len(pb)
+    lm = len(mid)
+    lt = len(top)
+    if lm > MAX_STR or lt > MAX_STR or len(kb) > MAX_STR or len(tb) > MAX_STR:
+        raise ValueError("string field longer than 65534 bytes")
     try:
-        rest = b"".join(
-            (
-                REST.pack(
-                    kind,
-                    flag,
-                    queue_id,
-                    received_ms,
-                    deliver_at_ms,
-                    fired_at_ms,
-                    qoffset,
-                    ref,
-                    len(mid),
-                    len(top),
-                    kl,
-                    tl,
-                    pl,
-                    len(body),
-                ),
-                mid,
-                top,
-                kb,
-                tb,
-                pb,
-                body,
-            )
+        head = REST.pack(
+            kind,
+            flag,
+            queue_id,
+            received_ms,
+            deliver_at_ms,
+            fired_at_ms,
+            qoffset,
+            ref,
+            lm,
+            lt,
+            kl,
+            tl,
+            pl,
+            len(body),
         )
     except struct.error as exc:
         raise ValueError(f"record field out of range: {exc}") from None
+    rest = b"".join((head, mid, top, kb, tb, pb, body))
     return PRE.pack(MAGIC, PRE.size + len(rest), zlib.crc32(rest)) + rest
 
 

@@ -179,6 +179,9 @@ class DelayStore:
         self._ckpt_written = -1
         self._lock_fd = -1
         self.bucket_ms = config.bucket_ms
+        self._topics_ok: set[str] = set()
+        self._max_ahead_ms = config.max_delay_ms + _DELAY_SLACK_MS
+        self._max_record = min(config.max_record_bytes, MAX_SIZE)
 
     # ------------------------------------------------------------------ lifecycle
     def open(self) -> None:
@@ -369,34 +372,45 @@ class DelayStore:
 
     # ------------------------------------------------------------------ submit
     def _validate(self, m: NewMessage, now: int) -> bytes:
-        cfg = self.config
-        try:
-            check_name(m.topic)
-            check_queue_id(m.queue_id)
-        except ValueError as exc:
-            raise InvalidRecordError(str(exc)) from None
-        if not isinstance(m.msg_id, str) or not 0 < len(m.msg_id) <= 1024:
+        topic = m.topic
+        if topic not in self._topics_ok:
+            try:
+                check_name(topic)
+            except ValueError as exc:
+                raise InvalidRecordError(str(exc)) from None
+            if len(self._topics_ok) < 10_000:
+                self._topics_ok.add(topic)
+        q = m.queue_id
+        if type(q) is not int or not 0 <= q < 65536:
+            raise InvalidRecordError("invalid queue id")
+        mid = m.msg_id
+        if type(mid) is not str or not 0 < len(mid) <= 1024:
             raise InvalidRecordError("msg_id must be a non-empty string of at most 1024 chars")
         d = m.deliver_at_ms
-        if not isinstance(d, int) or d < 0 or d > now + cfg.max_delay_ms + _DELAY_SLACK_MS:
+        if type(d) is not int or not 0 <= d <= now + self._max_ahead_ms:
             raise InvalidRecordError("deliver_at_ms out of range")
+        body = m.body
+        if type(body) is not bytes:
+            if not isinstance(body, (bytearray, memoryview)):
+                raise InvalidRecordError("body must be bytes")
+            body = bytes(body)
         try:
             data = rec.encode(
                 _MSG,
-                m.msg_id,
-                m.topic,
-                bytes(m.body),
+                mid,
+                topic,
+                body,
                 flag=m.flag,
-                queue_id=m.queue_id,
+                queue_id=q,
                 received_ms=m.received_ms or now,
                 deliver_at_ms=d,
                 key=m.key,
                 tags=m.tags,
                 properties=m.properties,
             )
-        except (ValueError, TypeError, UnicodeEncodeError) as exc:
+        except (ValueError, TypeError, AttributeError, UnicodeEncodeError) as exc:
             raise InvalidRecordError(f"bad message: {exc}") from None
-        if len(data) > min(cfg.max_record_bytes, MAX_SIZE):
+        if len(data) > self._max_record:
             raise InvalidRecordError("message too large")
         return data
 
