@@ -67,6 +67,8 @@ class ProducerConfig:
     not_available_ms: tuple[int, ...] = (0, 0, 2000, 5000, 6000, 10000, 30000)
     #: an isolating failure is looked up in the table as this much latency
     isolation_latency_ms: int = 10000
+    #: ``max_delay`` in ms, derived (read on every send)
+    max_delay_ms: int = field(init=False, repr=False, compare=False, default=0)
 
     def __post_init__(self) -> None:
         def positive(name: str, allow_zero: bool = False) -> None:
@@ -93,11 +95,12 @@ class ProducerConfig:
             raise ValueError("latency_max_ms and not_available_ms must have the same length")
         if not isinstance(self.max_delay, timedelta) or self.max_delay <= timedelta(0):
             raise ValueError(f"max_delay must be a positive timedelta, got {self.max_delay!r}")
+        object.__setattr__(self, "max_delay_ms", int(self.max_delay.total_seconds() * 1000))
 
     @classmethod
     def create(cls, namesrv: str | Sequence[str], **options: Any) -> ProducerConfig:
         """Build from the constructor arguments of ``Producer``; unknown options fail."""
-        known = {f.name for f in fields(cls)} - {"namesrv"}
+        known = {f.name for f in fields(cls) if f.init} - {"namesrv"}
         unknown = set(options) - known
         if unknown:
             raise TypeError(f"unknown producer option(s): {', '.join(sorted(unknown))}")
@@ -109,10 +112,6 @@ class ProducerConfig:
     @property
     def times_total(self) -> int:
         return 1 + self.retry_times
-
-    @property
-    def max_delay_ms(self) -> int:
-        return int(self.max_delay.total_seconds() * 1000)
 
     @property
     def signing(self) -> bool:

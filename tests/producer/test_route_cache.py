@@ -74,3 +74,16 @@ def test_refresh_on_timer_and_last_good_when_name_server_down() -> None:
         for _ in range(20):
             assert p.send("t", b"y").broker_name in {"broker-a", "broker-b"}
         assert p.stats()["failed"] == 0
+
+
+def test_route_that_lost_a_broker_is_rechecked_soon() -> None:
+    clock = Clock()
+    cache = RouteCache(30.0, ThreadLocalIndex, timer=clock, recheck_interval=5.0)
+    cache.put("t", route())
+    cache.put("t", route(brokers={"broker-a": "127.0.0.1:10911"}))  # broker-b expired
+    clock.now += 5.1
+    assert cache.stale_topics() == ["t"]  # not 30 s: a returning broker is noticed soon
+    cache.put("t", route())  # it is back
+    clock.now += 5.1
+    assert cache.stale_topics() == []
+    assert cache.get("t")[0].lost == {}

@@ -32,6 +32,9 @@ class TopicPublishInfo:
     broker_addrs: dict[str, str]
     route: TopicRoute
     fetched_at: float = field(default_factory=time.monotonic)
+    fresh_until: float = 0.0
+    #: brokers that left this topic's route recently -> when (set by RouteCache)
+    lost: dict[str, float] = field(default_factory=dict)
     index: Any = None
     by_broker: dict[str, tuple[MessageQueue, ...]] = field(default_factory=dict)
 

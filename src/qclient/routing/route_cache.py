@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from cachetools import TTLCache
+from cachetools import TLRUCache
 
 from ..protocol.wire import TopicRoute
 from .publish_info import TopicPublishInfo
@@ -17,23 +17,30 @@ __all__ = ["RouteCache"]
 
 log = logging.getLogger(__name__)
 
+#: how long a route that lost a broker keeps being re-checked at ``recheck_interval``
+_LOST_WATCH = 300.0
+
 
 class RouteCache:
     """Routes by topic.
 
-    A route is *fresh* for ``refresh_interval`` seconds (a cachetools ``TTLCache``);
-    after that, or after ``mark_stale`` (a send failed), it is still served from the
-    last-good table while a refresh is due. Only a topic never resolved has no route;
-    so when every name server is down, sends go on with the last good route.
+    A route is *fresh* for ``refresh_interval`` seconds (a cachetools time-aware cache,
+    ``TLRUCache``, so that a route that just lost brokers can be re-checked sooner:
+    ``recheck_interval``, to notice a broker that comes back); after that, or after
+    ``mark_stale`` (a send failed), it is still served from the last-good table while a
+    refresh is due. Only a topic never resolved has no route; so when every name server
+    is down, sends go on with the last good route.
     """
 
     def __init__(self, refresh_interval: float, index_factory: Callable[[], Any],
-                 *, maxsize: int = 4096, timer: Callable[[], float] = time.monotonic) -> None:
+                 *, maxsize: int = 4096, timer: Callable[[], float] = time.monotonic,
+                 recheck_interval: float = 5.0) -> None:
         self.refresh_interval = refresh_interval
+        self.recheck_interval = min(recheck_interval, refresh_interval)
         self._index_factory = index_factory
         self._timer = timer
-        self._fresh: TTLCache[str, TopicPublishInfo] = TTLCache(maxsize, refresh_interval,
-                                                                 timer=timer)
+        self._fresh: TLRUCache[str, TopicPublishInfo] = TLRUCache(
+            maxsize, ttu=lambda _topic, info, _now: info.fresh_until, timer=timer)
         self._last_good: dict[str, TopicPublishInfo] = {}
         self._addrs: dict[str, str] = {}
         self._lock = threading.Lock()
@@ -45,6 +52,9 @@ class RouteCache:
 
     def get(self, topic: str) -> tuple[TopicPublishInfo | None, bool]:
         """``(info, fresh)``: the best route known for ``topic`` and whether it is fresh."""
+        info = self._last_good.get(topic)
+        if info is not None and self._timer() < info.fresh_until:
+            return info, True  # the hot path: no lock
         with self._lock:
             info = self._fresh.get(topic)
             if info is not None:
@@ -60,9 +70,19 @@ class RouteCache:
             old = self._last_good.get(topic)
             index = old.index if old is not None else self._index_factory()
             info = TopicPublishInfo.from_route(topic, route, index=index)
-            if old is not None and [q for q in old.queues] != [q for q in info.queues]:
-                log.info("route of %s changed: %d -> %d queues on %s", topic, len(old.queues),
-                         len(info.queues), info.brokers)
+            now = self._timer()
+            lost: dict[str, float] = {}
+            if old is not None:
+                if old.queues != info.queues:
+                    log.info("route of %s changed: %d -> %d queues on %s", topic,
+                             len(old.queues), len(info.queues), info.brokers)
+                lost = {b: t for b, t in old.lost.items()
+                        if b not in info.by_broker and now - t < _LOST_WATCH}
+                lost.update((b, now) for b in old.by_broker if b not in info.by_broker)
+            # while brokers are missing, look again soon so one that returns gets traffic
+            info.lost = lost
+            info.fetched_at = now
+            info.fresh_until = now + (self.recheck_interval if lost else self.refresh_interval)
             self._fresh[topic] = info
             self._last_good[topic] = info
             self._rebuild_addrs()
@@ -72,6 +92,9 @@ class RouteCache:
         """Forget freshness (after a send failure) so the next lookup triggers a refresh."""
         with self._lock:
             self._fresh.pop(topic, None)
+            info = self._last_good.get(topic)
+            if info is not None:
+                info.fresh_until = 0.0
 
     def stale_topics(self) -> list[str]:
         """Known topics whose route is due for a refresh."""
