@@ -68,8 +68,10 @@ def cmd_namesrv(args: argparse.Namespace) -> int:
         host=args.host, port=args.port,
         heartbeat_interval_ms=int(args.heartbeat_interval * 1000),
         broker_expire_ms=int(args.broker_expire * 1000),
-        tls_cert=args.tls_cert, tls_key=args.tls_key,
+        tls_cert=args.tls_cert, tls_key=args.tls_key, auth_file=args.auth_file,
         ready_file=args.ready_file, exit_with_parent=args.exit_with_parent)
+    if args.auth_file and not os.path.isfile(args.auth_file):
+        raise CliError(f"auth file {args.auth_file} does not exist")
     asyncio.run(run(cfg))
     return 0
 
@@ -277,6 +279,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds between broker heartbeats the brokers are told to use")
     p.add_argument("--broker-expire", type=float, default=120.0,
                    help="seconds without a heartbeat after which a broker leaves the routes")
+    p.add_argument("--auth-file",
+                   help="accept broker (un)registrations signed by this file's broker entry")
     p.set_defaults(func=cmd_namesrv)
 
     p = sub.add_parser("broker", help="run a broker in the foreground")

@@ -171,7 +171,9 @@ class LocalCluster:
         expire = broker_expire if broker_expire is not None else max(3.0, 4 * heartbeat_interval)
         self.namesrv_nodes = [
             NodeHandle(f"namesrv-{i}", "namesrv",
-                       ["--broker-expire", str(expire), *tls], self.data_dir, host,
+                       ["--broker-expire", str(expire), *tls,
+                        *(["--auth-file", auth_file] if auth_file else [])],  # issue 6
+                       self.data_dir, host,
                        namesrv_port if i == 0 else 0, scheme)
             for i in range(namesrv_count)
         ]

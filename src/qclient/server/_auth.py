@@ -176,6 +176,8 @@ class Authorizer:
                  clock: Callable[[], float] = time.time) -> None:
         self.accounts: dict[str, Account] = {a.access_key: a for a in accounts}
         self.broker = broker
+        self._secrets = frozenset(a.secret_key for a in (*self.accounts.values(), broker)
+                                  if a is not None)
         self.max_skew_ms = max_skew_ms
         self.max_nonces = max_nonces
         self._clock = clock
@@ -224,7 +226,10 @@ class Authorizer:
         access_key = headers[auth.HEADER_ACCESS_KEY]
         account = (self.accounts if accounts is None else accounts).get(access_key)
         if account is None:
-            shown = access_key[:64] if _ACCESS_KEY_RE.match(access_key) else "(malformed)"
+            # Echo the key only when it is well-formed and not some account's secret
+            # (keys and secrets swapped by mistake must not end up in the log).
+            shown = (access_key[:64] if _ACCESS_KEY_RE.match(access_key)
+                     and access_key not in self._secrets else "(not shown)")
             raise self._refuse(request, 401, "unknown_key", f"unknown access key {shown!r}")
         ts_text = headers[auth.HEADER_TIMESTAMP]
         if not ts_text.isascii() or not ts_text.isdigit() or len(ts_text) > 16:

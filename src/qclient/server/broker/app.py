@@ -72,8 +72,13 @@ class Broker:
         if self.config.advertise_addr is None:
             scheme = "https://" if self.config.tls_cert else ""
             self.config.advertise_addr = scheme + addr
+        sign = None
+        if self.config.auth_file:  # issue 6: name servers with --auth-file want it signed
+            from .._auth import heartbeat_signer, load_signing_credentials
+
+            sign = heartbeat_signer(*load_signing_credentials(self.config.auth_file))
         self.heartbeat = Heartbeat(self.config.namesrv, self.config.heartbeat_interval_ms,
-                                   self.registration)
+                                   self.registration, sign)
         await self.heartbeat.start()
 
     async def stop(self) -> None:

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 
@@ -28,13 +29,23 @@ class NameServerConfig:
     max_request_bytes: int = 8 << 20
     tls_cert: str | None = None
     tls_key: str | None = None
+    #: issue 6: when set, register/unregister need a broker signature (see server/_auth.py)
+    auth_file: str | None = None
     ready_file: str | None = None
     exit_with_parent: int | None = None
 
 
 def create_app(config: NameServerConfig) -> web.Application:
     table = RouteTable(config.broker_expire_ms)
-    app = make_app(config.max_request_bytes)
+    middlewares: list[Any] = []
+    if config.auth_file:  # issue 6: only the write endpoints; routes stay open to readers
+        from .._auth import Authorizer, auth_middleware
+
+        authorizer = Authorizer.from_file(config.auth_file)
+        middlewares.append(auth_middleware(
+            authorizer, paths={wire.NAMESRV_REGISTER, wire.NAMESRV_UNREGISTER},
+            accounts=authorizer.signers()))
+    app = make_app(config.max_request_bytes, middlewares)
     app["table"] = table
     routes = web.RouteTableDef()
 
