@@ -339,6 +339,8 @@ class Broker:
     async def stats(self, request: web.Request) -> web.Response:
         data: dict[str, Any] = {"broker_name": self.config.name, **self.counters}
         data["store"] = self.store.stats()
+        if self.authorizer is not None:  # issue 6: refusals by reason (no secrets)
+            data["auth"] = self.authorizer.stats()
         return reply(request, data)
 
 
