@@ -17,6 +17,8 @@ from pathlib import Path
 from qclient.server.store._files import AppendFiles
 
 ENTRY = struct.Struct("<qQIi")
+_I64 = struct.Struct("<q")
+_U64 = struct.Struct("<Q")
 
 
 class ScheduleLog(AppendFiles):
@@ -28,3 +30,26 @@ class ScheduleLog(AppendFiles):
     def entries(self, bucket: int, upto: int | None = None) -> list[tuple[int, int, int, int]]:
         """The bucket's entries in file order, up to ``upto`` bytes."""
         return list(ENTRY.iter_unpack(self.read(bucket, upto)))
+
+    def find(
+        self, bucket: int, *, deliver_at_ms: int | None = None, position: int | None = None
+    ) -> list[tuple[int, int, int, int]]:
+        """Entries with the given deliver time or position (a C-speed ``bytes.find`` scan,
+        so a cancel never loops in Python over a big bucket)."""
+        data = self.read(bucket)
+        if deliver_at_ms is not None:
+            needle, field = _I64.pack(deliver_at_ms), 0
+        elif position is not None:
+            needle, field = _U64.pack(position), 8
+        else:
+            raise ValueError("give deliver_at_ms or position")
+        out = []
+        i = data.find(needle)
+        while i >= 0:
+            start = i - field
+            if start % ENTRY.size == 0:
+                out.append(ENTRY.unpack_from(data, start))
+                i = data.find(needle, start + ENTRY.size + field)
+            else:
+                i = data.find(needle, i + 1)
+        return out

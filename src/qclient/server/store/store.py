@@ -593,7 +593,6 @@ class DelayStore:
             raise
         with self._sched:
             st = w.state_for(b)
-            st.fired |= fired
             for _d, pos, _size, kind in entries:
                 if kind == _CANCEL:
                     w.cancel(b, pos)
@@ -604,7 +603,7 @@ class DelayStore:
             with self._sched:
                 notify = False
                 for d, pos, size, kind in entries[i : i + _LOAD_CHUNK]:
-                    if kind != _MSG or pos in seen or pos in st.fired or w.is_cancelled(b, pos):
+                    if kind != _MSG or pos in seen or pos in fired or w.is_cancelled(b, pos):
                         continue
                     seen.add(pos)
                     notify |= w.push(d, pos, size)
@@ -640,10 +639,7 @@ class DelayStore:
                 self._stats["fire_errors"] += 1
                 with self._sched:
                     for d, pos, size in due:
-                        st = w.state_for(d // self.bucket_ms)
-                        st.fired.discard(pos)
-                        st.outstanding -= 1
-                        w.push(d, pos, size)
+                        w.unfire(d, pos, size)
                 time.sleep(0.1)
 
     def _fire(self, due: list[tuple[int, int, int]], now: int) -> None:
@@ -736,7 +732,7 @@ class DelayStore:
             self._dlog.add(b, positions)
         with self._sched:
             for b, positions in merged.items():
-                self._wheel.dispatched(b, len(positions))
+                self._wheel.dispatched(b, positions)
         if topics:
             for cb in list(self._listeners):
                 try:
@@ -789,7 +785,8 @@ class DelayStore:
             r = self._mlog.read_record(pos)
             if r is not None and r.kind == _MSG and r.msg_id == msg_id and r.topic == topic:
                 return pos, r
-        for d, p, size, kind in self._slog.entries(deliver_at_ms // self.bucket_ms):
+        b = deliver_at_ms // self.bucket_ms
+        for d, p, size, kind in self._slog.find(b, deliver_at_ms=deliver_at_ms):
             if kind == _MSG and d == deliver_at_ms:
                 r = self._mlog.read_record(p, size)
                 if r is not None and r.kind == _MSG and r.msg_id == msg_id and r.topic == topic:
@@ -813,20 +810,24 @@ class DelayStore:
         pos, r = found
         w = self._wheel
         b = r.deliver_at_ms // self.bucket_ms
+
+        def disk_state() -> tuple[bool, bool]:
+            cancelled = any(k == _CANCEL for *_, k in self._slog.find(b, position=pos))
+            return cancelled, self._dlog.contains(b, pos)
+
+        gen = w.dispatch_gen
+        on_disk_cancel, on_disk_fired = disk_state()  # usually without the lock ...
         with self._sched:
-            loaded = w.is_loaded(b)
-        on_disk = not loaded and any(
-            k == _CANCEL and p == pos for _d, p, _s, k in self._slog.entries(b)
-        )
-        with self._sched:
+            if w.dispatch_gen != gen:
+                # ... but a dispatch write raced with the reads: read again, now that
+                # nothing can leave ``firing`` before we decide
+                on_disk_cancel, on_disk_fired = disk_state()
             reason = None
-            if on_disk or w.is_cancelled(b, pos):
+            if on_disk_cancel or w.is_cancelled(b, pos):
                 reason = "already_cancelled"
-            elif w.is_loaded(b):
-                st = w.state.get(b)
-                if st is None or pos in st.fired:
-                    reason = "already_fired"
-            if reason is None:
+            elif on_disk_fired or pos in w.firing or not self._slog.size(b):
+                reason = "already_fired"  # (no schedule file left: fired, cleaned up)
+            else:
                 w.cancel(b, pos)  # from now on the firing thread skips it
         if reason is not None:
             done.set_result(CancelOutcome(False, reason))

@@ -31,11 +31,10 @@ MAX_SIZE = _SIZE_MASK
 class BucketState:
     """Bookkeeping of one loaded bucket."""
 
-    __slots__ = ("fired", "max_pos", "outstanding")
+    __slots__ = ("max_pos", "outstanding")
 
     def __init__(self) -> None:
         self.outstanding = 0  # pushed, not yet dispatched or skipped
-        self.fired: set[int] = set()  # positions fired (or being fired)
         self.max_pos = -1  # highest message position seen in this bucket
 
 
@@ -51,6 +50,10 @@ class Wheel:
         self.unloaded: set[int] = set()  # buckets > loaded_upto with entries on disk
         self.state: dict[int, BucketState] = {}
         self.cancelled: dict[int, set[int]] = {}  # bucket -> cancelled positions
+        # popped, not yet in the dispatch log (small: one sync group); with the dispatch
+        # log it answers "has this fired?" without a per-message set per bucket
+        self.firing: set[int] = set()
+        self.dispatch_gen = 0  # bumped whenever positions leave ``firing``
 
     def bucket(self, deliver_at_ms: int) -> int:
         return deliver_at_ms // self.bucket_ms
@@ -92,7 +95,7 @@ class Wheel:
 
     def pop_due(self, now_ms: int, limit: int) -> list[tuple[int, int, int]]:
         """Pop up to ``limit`` entries due at ``now_ms``, skipping cancelled ones; each
-        returned ``(deliver_at_ms, position, size)`` is marked fired."""
+        returned ``(deliver_at_ms, position, size)`` is marked firing."""
         heap = self.heap
         out: list[tuple[int, int, int]] = []
         bound = (now_ms + 1) << 64
@@ -102,18 +105,26 @@ class Wheel:
             pos = (key >> _SIZE_BITS) & _POS_MASK
             b = deliver_at // self.bucket_ms
             st = self.state_for(b)
-            if self.is_cancelled(b, pos) or pos in st.fired:
+            if self.is_cancelled(b, pos) or pos in self.firing:
                 st.outstanding -= 1
                 continue
-            st.fired.add(pos)
+            self.firing.add(pos)
             out.append((deliver_at, pos, key & _SIZE_MASK))
         return out
 
-    def dispatched(self, b: int, count: int) -> None:
-        """``count`` fired entries of bucket ``b`` are durably dispatched."""
+    def dispatched(self, b: int, positions: list[int]) -> None:
+        """Fired entries of bucket ``b`` are now in the dispatch log."""
         st = self.state.get(b)
         if st is not None:
-            st.outstanding -= count
+            st.outstanding -= len(positions)
+        self.firing.difference_update(positions)
+        self.dispatch_gen += 1
+
+    def unfire(self, deliver_at_ms: int, pos: int, size: int) -> None:
+        """Put back an entry whose firing failed."""
+        self.firing.discard(pos)
+        self.state_for(deliver_at_ms // self.bucket_ms).outstanding -= 1
+        self.push(deliver_at_ms, pos, size)
 
     def drop(self, b: int) -> None:
         """Forget a fully fired bucket (its files are being removed)."""
