@@ -257,3 +257,26 @@ def test_kill_9_while_submitting_keeps_every_ack(make_store, tmp_path) -> None:
     wait_until(lambda: want <= {f.msg_id for f in pull_all(s, "t")}, timeout=20)
     fired = Counter(f.msg_id for f in pull_all(s, "t"))
     assert sum(fired.values()) - len(fired) <= len(fired) // 100
+
+
+def test_many_segments_roll_fire_and_rebuild_dedupe(make_store, tmp_path) -> None:
+    clock = FakeClock(9_000_000_000)
+    cfg = {"segment_bytes": 4096, "dedupe_max_ids": 100}
+    s = make_store(clock=clock, **cfg)
+    for i in range(0, 500, 50):
+        s.submit([msg(j, clock.now + 10_000 + j) for j in range(i, i + 50)]).result(10)
+    segments = sorted((tmp_path / "data" / "commitlog").iterdir())
+    assert len(segments) > 10
+    s.close()
+    clock.advance(1_000)
+    s2 = make_store(clock=clock, **cfg)
+    st = s2.stats()
+    assert st["dedupe_ids"] == 100  # only the newest ids, read from the last segments
+    assert s2.submit([msg(499, 0)]).result(10)[0].duplicate
+    assert s2.submit([msg(400, 0)]).result(10)[0].duplicate
+    assert not s2.submit([msg(0, clock.now + 20_000, topic="u")]).result(10)[0].duplicate
+    clock.advance(20_000)
+    wait_until(lambda: visible(s2, "t") == 500)
+    fired = pull_all(s2, "t")
+    assert sorted(int(f.msg_id[1:]) for f in fired) == list(range(500))
+    assert all(len(f.body) == 100 for f in fired)

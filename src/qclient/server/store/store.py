@@ -45,6 +45,7 @@ import logging
 import os
 import threading
 import time
+from array import array
 from collections.abc import Callable
 from concurrent.futures import Future
 
@@ -320,18 +321,11 @@ class DelayStore:
         replay_from = min(replay_from, mlog.end)
         self._wheel.unloaded.update(self._slog.recover())
         self._dlog.recover()
-        # the dedupe window: segments last written before it cannot hold a remembered id
-        cutoff = now - cfg.dedupe_window_ms
         segs = mlog.segments()
-        dedupe_from = mlog.end
-        for base, _size, mtime in segs:
-            if mtime * 1000 >= cutoff:
-                dedupe_from = base
-                break
         last_base = segs[-1][0] if segs else 0
         batch: list[tuple[int, int, int, int, int]] = []
         torn_at = None
-        for pos, r, n in mlog.scan(min(replay_from, dedupe_from)):
+        for pos, r, n in mlog.scan(replay_from):
             if r is None:
                 if pos >= last_base:
                     torn_at = pos
@@ -339,13 +333,10 @@ class DelayStore:
                 log.error("corrupt record at position %d in a sealed segment; rest skipped", pos)
                 self._stats["corrupt_records"] += 1
                 continue
-            if pos >= replay_from:
-                batch.append((pos, n, r.kind, r.deliver_at_ms, r.ref))
-                if len(batch) >= _RECOVER_REPLAY_BATCH:
-                    self._replay(batch, pos + n)
-                    batch = []
-            if r.kind == _MSG and r.received_ms >= cutoff:
-                self._dedupe.add(id_hash(r.msg_id), pos, r.received_ms)
+            batch.append((pos, n, r.kind, r.deliver_at_ms, r.ref))
+            if len(batch) >= _RECOVER_REPLAY_BATCH:
+                self._replay(batch, pos + n)
+                batch = []
         if torn_at is not None:
             log.warning(
                 "message log: cutting a torn tail of %d bytes at %d", mlog.end - torn_at, torn_at
@@ -353,6 +344,7 @@ class DelayStore:
             self._stats["torn_bytes_cut"] += mlog.end - torn_at
             mlog.truncate(torn_at)
         self._replay(batch, mlog.end)
+        self._rebuild_dedupe(now - cfg.dedupe_window_ms)
         self._dedupe.expire(now)
         # fired copies whose dispatch record may not have been written before the stop
         recent = self._cl.open_all()
@@ -369,6 +361,32 @@ class DelayStore:
         self._checkpoint()
         while self._load_step():
             pass
+
+    def _rebuild_dedupe(self, cutoff: int) -> None:
+        """Remember the ids of the newest messages received after ``cutoff``: segments are
+        read newest first and only until ``dedupe_max_ids`` ids are found, so a restart
+        after a busy hour does not read the whole hour back."""
+        mlog = self._mlog
+        need = self.config.dedupe_max_ids
+        found: list[tuple[array[int], array[int], array[int]]] = []
+        total = 0
+        for base, size, mtime in reversed(mlog.segments()):
+            if mtime * 1000 < cutoff or total >= need:
+                break  # last written before the window: it cannot hold a remembered id
+            hs, ps, ts = array("q"), array("q"), array("q")
+            for pos, r, _n in mlog.scan(base):
+                if r is None or pos >= base + size:
+                    break
+                if r.kind == _MSG and r.received_ms >= cutoff:
+                    hs.append(id_hash(r.msg_id))
+                    ps.append(pos)
+                    ts.append(r.received_ms)
+            found.append((hs, ps, ts))
+            total += len(hs)
+        add = self._dedupe.add
+        for hs, ps, ts in reversed(found):
+            for h, p, t in zip(hs, ps, ts, strict=True):
+                add(h, p, t)
 
     # ------------------------------------------------------------------ submit
     def _validate(self, m: NewMessage, now: int) -> bytes:
