@@ -328,3 +328,27 @@ def test_cancel_racing_the_firing_thread(make_store) -> None:
     assert not cancelled & set(delivered)
     assert cancelled | set(delivered) == {m.msg_id for m in msgs}
     assert 0 < len(cancelled) < 1000  # the race was actually exercised
+
+
+def test_back_pressure_by_bytes_while_the_committer_is_stuck(make_store) -> None:
+    s = make_store(max_pending_bytes=50_000)
+    entered, release = threading.Event(), threading.Event()
+    orig = s._mlog.sync
+
+    def stuck_sync() -> None:
+        entered.set()
+        assert release.wait(10)
+        orig()
+
+    s._mlog.sync = stuck_sync  # type: ignore[method-assign]
+    at = wall_clock_ms() + 10**6
+    first = s.submit([msg(0, at, body=b"x" * 1000)])
+    assert entered.wait(5)  # the committer is inside the group's sync
+    queued = s.submit([msg(i, at, body=b"x" * 1000) for i in range(1, 40)])  # ~45 KB pending
+    with pytest.raises(StoreBusyError):
+        s.submit([msg(i, at, body=b"x" * 1000) for i in range(40, 50)])
+    assert s.stats()["busy_rejections"] == 1
+    release.set()
+    assert len(first.result(10)) == 1 and len(queued.result(10)) == 39
+    assert s.stats()["pending_bytes"] == 0
+    assert not s.submit([msg(45, at)]).result(10)[0].duplicate  # the refused ones were not kept

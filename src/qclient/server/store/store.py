@@ -74,6 +74,7 @@ log = logging.getLogger(__name__)
 _MAX_WAIT_S = 0.05  # firing/loader threads re-check the clock at least this often
 _FIRE_BATCH = 4096
 _LOAD_CHUNK = 20_000
+_LOCK_CHUNK = 2048  # entries handled per lock hold in the committer
 _RECOVER_REPLAY_BATCH = 4096
 _DELAY_SLACK_MS = 60_000
 _MSG = rec.KIND_MESSAGE
@@ -124,7 +125,7 @@ class _Entry:
 class _Batch:
     """One submit() (or cancel) call: its future and how to build its results."""
 
-    __slots__ = ("cancel", "deps", "entries", "fut", "results")
+    __slots__ = ("cancel", "deps", "entries", "fut", "nbytes", "results")
 
     def __init__(self, n: int, *, cancel: bool = False):
         self.fut: Future[object] = Future()
@@ -132,6 +133,7 @@ class _Batch:
         self.entries: list[tuple[int, _Entry]] = []
         self.deps: list[tuple[int, _Entry]] = []  # duplicates of in-flight entries
         self.cancel = cancel
+        self.nbytes = 0  # encoded bytes counted in the store's pending bytes
 
     def complete(self) -> None:
         for _, e in self.entries + self.deps:
@@ -161,6 +163,7 @@ class DelayStore:
         self._submit_cv = threading.Condition(self._submit_lock)
         self._queue: list[_Batch] = []
         self._pending = 0
+        self._pending_bytes = 0
         self._inflight: dict[str, _Entry] = {}
         self._sched = threading.Lock()
         self._fire_cv = threading.Condition(self._sched)
@@ -183,6 +186,7 @@ class DelayStore:
         self._topics_ok: set[str] = set()
         self._max_ahead_ms = config.max_delay_ms + _DELAY_SLACK_MS
         self._max_record = min(config.max_record_bytes, MAX_SIZE)
+        self._max_pending_bytes = config.max_pending_bytes
 
     # ------------------------------------------------------------------ lifecycle
     def open(self) -> None:
@@ -459,15 +463,21 @@ class DelayStore:
                 self._inflight[m.msg_id] = e
                 batch.entries.append((i, e))
             n = len(batch.entries)
-            if n and self._pending + n > self.config.max_pending_messages:
+            nbytes = sum(len(e.data) for _, e in batch.entries)
+            if n and (
+                self._pending + n > self.config.max_pending_messages
+                or (self._pending_bytes and self._pending_bytes + nbytes > self._max_pending_bytes)
+            ):
                 for _, e in batch.entries:
                     del self._inflight[e.msg_id]
                 self._stats["busy_rejections"] += 1
                 raise StoreBusyError("too many messages pending the group commit")
             self._stats["duplicates"] += len(prepared) - n
             if n or batch.deps:
+                batch.nbytes = nbytes
                 self._queue.append(batch)
                 self._pending += n
+                self._pending_bytes += nbytes
                 self._submit_cv.notify()
         if not (n or batch.deps):
             batch.complete()
@@ -497,6 +507,8 @@ class DelayStore:
                         if self._inflight.get(e.msg_id) is e:
                             del self._inflight[e.msg_id]
                         self._pending -= 1
+                self._pending_bytes -= b.nbytes
+                b.nbytes = 0
         for b in group:
             if not b.fut.done():
                 b.complete()
@@ -531,47 +543,62 @@ class DelayStore:
                 log.exception("schedule replay failed; the store stops accepting work")
                 self._broken = exc
             now = self._clock()
+            nbytes = 0
+            for b in group:
+                nbytes += b.nbytes
+                b.nbytes = 0
+            for i in range(0, len(entries), _LOCK_CHUNK):
+                chunk = entries[i : i + _LOCK_CHUNK]
+                with self._submit_lock:
+                    for e in chunk:
+                        if e.kind == _MSG:
+                            if self._inflight.get(e.msg_id) is e:
+                                del self._inflight[e.msg_id]
+                            self._dedupe.add(e.h, e.position, now)
+                    self._pending -= len(chunk)
             with self._submit_lock:
-                for e in entries:
-                    if e.kind == _MSG:
-                        if self._inflight.get(e.msg_id) is e:
-                            del self._inflight[e.msg_id]
-                        self._dedupe.add(e.h, e.position, now)
                 self._dedupe.expire(now)
-                self._pending -= len(entries)
+                self._pending_bytes -= nbytes
         for b in group:
             b.complete()
 
     def _replay(self, items: list[tuple[int, int, int, int, int]], end: int) -> None:
-        """Append schedule entries for new log records; push loaded ones into the wheel."""
+        """Append schedule entries for new log records; push loaded ones into the wheel.
+
+        Works in chunks so that a huge group never holds the scheduler lock for long (the
+        firing thread needs it); each chunk's file appends and wheel pushes are atomic with
+        respect to the loader's cursor."""
         if end > MAX_POSITION:
             raise StoreError("message log beyond 1 TiB: segment retention is not implemented")
-        bufs: dict[int, list[bytes]] = collections.defaultdict(list)
         horizon = self._clock() + self.config.load_ahead_ms
-        wake_loader = notify = False
-        with self._sched:
-            w = self._wheel
-            for pos, size, kind, deliver_at, ref in items:
-                b = deliver_at // self.bucket_ms
-                if kind == _MSG:
-                    bufs[b].append(ENTRY.pack(deliver_at, pos, size, _MSG))
-                    if w.is_loaded(b):
-                        notify |= w.push(deliver_at, pos, size)
-                    else:
-                        w.unloaded.add(b)
-                        wake_loader |= deliver_at <= horizon
-                elif kind == _CANCEL:
-                    bufs[b].append(ENTRY.pack(deliver_at, ref, size, _CANCEL))
-                    w.cancel(b, ref)
-                    if w.is_loaded(b):
-                        w.note_position(b, pos)
-                    else:
-                        w.unloaded.add(b)
-            for b, chunks in bufs.items():
-                self._slog.append(b, b"".join(chunks))
-            self._replayed = end
-            if notify:
-                self._fire_cv.notify()
+        wake_loader = False
+        w = self._wheel
+        for i in range(0, max(1, len(items)), _LOCK_CHUNK):
+            bufs: dict[int, list[bytes]] = collections.defaultdict(list)
+            notify = False
+            with self._sched:
+                for pos, size, kind, deliver_at, ref in items[i : i + _LOCK_CHUNK]:
+                    b = deliver_at // self.bucket_ms
+                    if kind == _MSG:
+                        bufs[b].append(ENTRY.pack(deliver_at, pos, size, _MSG))
+                        if w.is_loaded(b):
+                            notify |= w.push(deliver_at, pos, size)
+                        else:
+                            w.unloaded.add(b)
+                            wake_loader |= deliver_at <= horizon
+                    elif kind == _CANCEL:
+                        bufs[b].append(ENTRY.pack(deliver_at, ref, size, _CANCEL))
+                        w.cancel(b, ref)
+                        if w.is_loaded(b):
+                            w.note_position(b, pos)
+                        else:
+                            w.unloaded.add(b)
+                for b, chunks in bufs.items():
+                    self._slog.append(b, b"".join(chunks))
+                if i + _LOCK_CHUNK >= len(items):
+                    self._replayed = end
+                if notify:
+                    self._fire_cv.notify()
         if wake_loader:
             self._load_wake.set()
 
@@ -863,6 +890,7 @@ class DelayStore:
         batch = _Batch(1, cancel=True)
         e = _Entry(_CANCEL, msg_id, 0, data, r.queue_id, r.deliver_at_ms, ref=pos)
         batch.entries.append((0, e))
+        batch.nbytes = len(data)
         with self._submit_lock:
             try:
                 self._check_open()  # the committer drains what is queued before it stops
@@ -872,6 +900,7 @@ class DelayStore:
                 raise
             self._queue.append(batch)
             self._pending += 1
+            self._pending_bytes += batch.nbytes
             self._submit_cv.notify()
         self._stats["cancelled"] += 1
         return batch.fut  # type: ignore[return-value]
@@ -929,6 +958,7 @@ class DelayStore:
             s["active_buckets"] = len(self._wheel.state)
             s["unloaded_buckets"] = len(self._wheel.unloaded)
         s["pending"] = self._pending
+        s["pending_bytes"] = self._pending_bytes
         s["dedupe_ids"] = len(self._dedupe)
         s["log_bytes"] = self._mlog.end
         s["avg_group_size"] = s["appended"] / s["groups"] if s["groups"] else 0.0

@@ -21,6 +21,7 @@ class StoreConfig:
     dedupe_max_ids: int = 500_000  # ... and at most this many (oldest evicted)
     fsync: bool = True  # False only for tests/benchmarks that say so
     max_pending_messages: int = 50_000  # submit() raises StoreBusyError beyond it
+    max_pending_bytes: int = 256 << 20  # ... or beyond this many encoded bytes pending
     sync_interval_ms: int = 10  # min gap between group fsyncs of the consume logs
     checkpoint_interval_ms: int = 1_000  # replay checkpoint + consumer offsets flush period
     retain_fired_ms: int = 600_000  # keep a fully fired bucket's files this long after its end
