@@ -115,7 +115,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
         heartbeat_interval_ms=int(args.heartbeat_interval * 1000),
         max_delay_ms=int(args.max_delay * 1000),
         store=_store_options(args.store_option or []),
-        tls_cert=args.tls_cert, tls_key=args.tls_key,
+        tls_cert=args.tls_cert, tls_key=args.tls_key, tls_ca=args.tls_ca,
         ready_file=args.ready_file, exit_with_parent=args.exit_with_parent)
     asyncio.run(run(cfg))
     return 0
@@ -291,6 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--advertise-addr", help="HOST:PORT registered with the name servers")
     p.add_argument("--read-only", action="store_true", help="register without the write perm")
     p.add_argument("--auth-file", help="accept only signed requests of these accounts")
+    p.add_argument("--tls-ca", help="CA bundle (PEM) that verifies https:// name servers")
     p.add_argument("--no-auto-create-topics", action="store_true")
     p.add_argument("--default-queues", type=int, default=4)
     p.add_argument("--heartbeat-interval", type=float, default=30.0, help="seconds")

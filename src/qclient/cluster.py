@@ -161,7 +161,7 @@ class LocalCluster:
                  store_options: Mapping[str, Any] | None = None,
                  broker_args: Sequence[str] = (),
                  tls_cert: str | None = None, tls_key: str | None = None,
-                 startup_timeout: float = 60.0) -> None:
+                 tls_ca: str | None = None, startup_timeout: float = 60.0) -> None:
         self._own_dir = data_dir is None
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="qclient-cluster-"))
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -182,6 +182,8 @@ class LocalCluster:
             name = f"broker-{chr(ord('a') + i)}" if i < 26 else f"broker-{i}"
             args = ["--name", name, "--data-dir", str(self.data_dir / name),
                     "--heartbeat-interval", str(heartbeat_interval), *broker_args, *tls]
+            if tls_cert:  # issue 6: brokers verify the name server (self-signed: its cert)
+                args += ["--tls-ca", tls_ca or tls_cert]
             if name in read_only:
                 args.append("--read-only")
             if auth_file:

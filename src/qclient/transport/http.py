@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import ssl
 from dataclasses import dataclass
 
 import httpx
@@ -54,6 +56,18 @@ def _timeout(seconds: float) -> httpx.Timeout:
     return httpx.Timeout(seconds)
 
 
+def tls_verify(verify: bool | str | ssl.SSLContext) -> bool | ssl.SSLContext:
+    """httpx's ``verify`` from a bool, a CA bundle file / directory path, or a context.
+
+    (issue 6: httpx 0.28 deprecates ``verify=<path>``; build the context here instead.)
+    """
+    if isinstance(verify, str):
+        if os.path.isdir(verify):
+            return ssl.create_default_context(capath=verify)
+        return ssl.create_default_context(cafile=verify)
+    return verify
+
+
 def _limits() -> httpx.Limits:
     return httpx.Limits(max_connections=64, max_keepalive_connections=32, keepalive_expiry=30)
 
@@ -83,7 +97,8 @@ class SyncHttp(_Base):
                  verify: bool | str = True, client: httpx.Client | None = None) -> None:
         super().__init__(content_type=content_type, credentials=credentials, verify=verify)
         # trust_env=False: loopback and cluster traffic must not go through an env proxy
-        self._client = client or httpx.Client(limits=_limits(), verify=verify, trust_env=False)
+        self._client = client or httpx.Client(limits=_limits(), verify=tls_verify(verify),
+                                              trust_env=False)
 
     def request(self, method: str, addr: str, path: str, body: bytes = b"", *,
                 timeout: float) -> HttpResponse:
@@ -103,7 +118,7 @@ class AsyncHttp(_Base):
     def __init__(self, *, content_type: str = MSGPACK, credentials: Credentials | None = None,
                  verify: bool | str = True, client: httpx.AsyncClient | None = None) -> None:
         super().__init__(content_type=content_type, credentials=credentials, verify=verify)
-        self._client = client or httpx.AsyncClient(limits=_limits(), verify=verify,
+        self._client = client or httpx.AsyncClient(limits=_limits(), verify=tls_verify(verify),
                                                    trust_env=False)
 
     async def request(self, method: str, addr: str, path: str, body: bytes = b"", *,

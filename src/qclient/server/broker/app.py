@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import re
+import ssl
 import sys
 import time
 from collections import defaultdict
@@ -77,8 +78,10 @@ class Broker:
             from .._auth import heartbeat_signer, load_signing_credentials
 
             sign = heartbeat_signer(*load_signing_credentials(self.config.auth_file))
+        ca = (ssl.create_default_context(cafile=self.config.tls_ca)
+              if self.config.tls_ca else None)  # issue 6
         self.heartbeat = Heartbeat(self.config.namesrv, self.config.heartbeat_interval_ms,
-                                   self.registration, sign)
+                                   self.registration, sign, ca)
         await self.heartbeat.start()
 
     async def stop(self) -> None:

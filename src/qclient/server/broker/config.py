@@ -29,6 +29,8 @@ class BrokerConfig:
     store: dict[str, int | bool] = field(default_factory=dict)
     tls_cert: str | None = None
     tls_key: str | None = None
+    #: issue 6: CA bundle that verifies https:// name servers (default: the system's)
+    tls_ca: str | None = None
     ready_file: str | None = None
     exit_with_parent: int | None = None
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 import time
 from collections.abc import Callable
 
@@ -20,8 +21,10 @@ class Heartbeat:
 
     def __init__(self, namesrv: list[str], interval_ms: int,
                  registration: Callable[[], wire.BrokerRegistration],
-                 sign: Callable[[str, str, bytes], dict[str, str]] | None = None) -> None:
+                 sign: Callable[[str, str, bytes], dict[str, str]] | None = None,
+                 ssl_ctx: ssl.SSLContext | None = None) -> None:
         self._namesrv = namesrv
+        self._ssl = ssl_ctx  # issue 6: verifies https:// name servers (None: system CAs)
         self._interval = interval_ms / 1000
         self._registration = registration
         self._sign = sign
@@ -31,7 +34,9 @@ class Heartbeat:
         self._failing: dict[str, float] = {}
 
     async def start(self) -> None:
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3))
+        connector = aiohttp.TCPConnector(ssl=self._ssl) if self._ssl is not None else None
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3),
+                                              connector=connector)
         await self.register_all()
         self._task = asyncio.create_task(self._loop())
 
