@@ -88,6 +88,7 @@ class AppendFiles:
         self._fds: OrderedDict[int, int] = OrderedDict()
         self._sizes: dict[int, int] = {}
         self._dirty: set[int] = set()
+        self._dir_dirty = False  # a file was created since the last sync
         self.dir.mkdir(parents=True, exist_ok=True)
 
     def path(self, key: int) -> Path:
@@ -141,8 +142,8 @@ class AppendFiles:
         write_all(self._fd(key), data)
         self._sizes[key] += len(data)
         self._dirty.add(key)
-        if created and self.fsync:
-            fsync_dir(self.dir)
+        if created:
+            self._dir_dirty = True  # made durable by the next sync, not under the caller's lock
 
     def read(self, key: int, upto: int | None = None) -> bytes:
         """Read file ``key`` from the start up to ``upto`` bytes (whole units only)."""
@@ -161,9 +162,13 @@ class AppendFiles:
         """Duplicates of the fds written since the last call, for :func:`sync_fds` outside
         the caller's lock (a dup stays valid even if the LRU closes the original)."""
         dirty, self._dirty = self._dirty, set()
+        dir_dirty, self._dir_dirty = self._dir_dirty, False
         if not self.fsync:
             return []
-        return [os.dup(self._fds[k]) for k in dirty if k in self._fds]
+        fds = [os.dup(self._fds[k]) for k in dirty if k in self._fds]
+        if dir_dirty:
+            fds.append(os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY))
+        return fds
 
     def remove(self, key: int) -> None:
         fd = self._fds.pop(key, None)
