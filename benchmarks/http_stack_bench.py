@@ -48,6 +48,7 @@ STACK_NOTES = {
     "granian-asgi": "granian (1 worker, 1 runtime thread) serving the same starlette app",
     "granian-rsgi": "granian (1 worker, 1 runtime thread), raw RSGI handler, no framework",
     "stdlib": "http.server.ThreadingHTTPServer, HTTP/1.1 keep-alive, disable_nagle_algorithm",
+    "stdlib-nagle": "the same with Nagle left on (stdlib default); opt-in via --stacks",
 }
 N_MESSAGES = 256
 ASYNC_CONCURRENCY = 8
@@ -194,9 +195,14 @@ class _Handler(BaseHTTPRequestHandler):
         pass  # no per-request logging, like the other stacks
 
 
-def serve_stdlib(port: int) -> None:
+class _NagleHandler(_Handler):
+    disable_nagle_algorithm = False  # the stdlib default, to show the delayed-ACK cost
+
+
+def serve_stdlib(port: int, nagle: bool = False) -> None:
     ThreadingHTTPServer.daemon_threads = True
-    ThreadingHTTPServer(("127.0.0.1", port), _Handler).serve_forever()
+    handler = _NagleHandler if nagle else _Handler
+    ThreadingHTTPServer(("127.0.0.1", port), handler).serve_forever()
 
 
 SERVERS: dict[str, Callable[[int], None]] = {
@@ -206,6 +212,7 @@ SERVERS: dict[str, Callable[[int], None]] = {
     "granian-asgi": lambda p: serve_granian(p, "asgi"),
     "granian-rsgi": lambda p: serve_granian(p, "rsgi"),
     "stdlib": serve_stdlib,
+    "stdlib-nagle": lambda p: serve_stdlib(p, nagle=True),
 }
 
 # --- client side ----------------------------------------------------------------------
@@ -463,9 +470,11 @@ def print_table(results: list[Result]) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--serve", choices=STACKS, help=argparse.SUPPRESS)
+    ap.add_argument("--serve", choices=list(SERVERS), help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
-    ap.add_argument("--stacks", default=",".join(STACKS), help="comma list of stacks")
+    ap.add_argument(
+        "--stacks", default=",".join(STACKS), help=f"comma list of: {', '.join(SERVERS)}"
+    )
     ap.add_argument("--duration", type=float, default=1.5, help="seconds per run")
     ap.add_argument("--repeat", type=int, default=3, help="runs per mode; median reported")
     ap.add_argument("--json", action="store_true", help="one JSON object on the last line")
