@@ -18,7 +18,7 @@ from ..errors import BrokerUnavailableError, InvalidMessageError, QClientError
 from ..fault.index import ContextIndex
 from ..routing.nameserver import AsyncNameServerClient
 from ..routing.publish_info import TopicPublishInfo
-from ..transport.http import AsyncHttp
+from ..transport.http import MAX_CONNECTIONS, AsyncHttp
 from ._background import Background
 from ._base import ProducerBase, batch_outcome
 from ._core import Item
@@ -60,6 +60,10 @@ class AsyncProducer(ProducerBase):
         # probes and route refreshes: the same background thread as Producer's
         self._bg = Background(self._core, cfg)
         self._route_locks: dict[str, asyncio.Lock] = {}
+        # Admission: at most this many sends run at once; the rest wait *before* their
+        # send_timeout starts. A gather of thousands then queues here instead of timing
+        # out in the connection pool or on busy brokers (which would isolate healthy ones).
+        self._admission = asyncio.Semaphore(max(1, MAX_CONNECTIONS // 2))
 
     async def _info(self, topic: str) -> TopicPublishInfo:
         info = self._core.cached_route(topic)
@@ -78,7 +82,8 @@ class AsyncProducer(ProducerBase):
         self._check_open()
         wire = self._core.wire(topic, body, key, tags, properties, delay, deliver_at, msg_id)
         item = Item(0, wire, await self._info(topic))
-        (result,) = await run_async(self._core.plan_send([item]), self._http)
+        async with self._admission:
+            (result,) = await run_async(self._core.plan_send([item]), self._http)
         if isinstance(result, QClientError):
             raise result
         return result
@@ -113,7 +118,9 @@ class AsyncProducer(ProducerBase):
             if w.topic not in infos:
                 infos[w.topic] = await self._info(w.topic)
         items = [Item(i, w, infos[w.topic]) for i, w in enumerate(wires)]
-        return batch_outcome(await run_async(self._core.plan_send(items), self._http))
+        async with self._admission:
+            results = await run_async(self._core.plan_send(items), self._http)
+        return batch_outcome(results)
 
     async def cancel(self, result: SendResult) -> bool:
         """Cancel a scheduled message before it fires; True if it was cancelled."""
@@ -124,7 +131,8 @@ class AsyncProducer(ProducerBase):
         if addr is None:
             raise BrokerUnavailableError(f"broker {result.broker_name} is in no known route",
                                          broker_name=result.broker_name)
-        return bool(await run_async(self._core.plan_cancel(result, addr), self._http))
+        async with self._admission:
+            return bool(await run_async(self._core.plan_cancel(result, addr), self._http))
 
     async def close(self, timeout: float | None = None) -> None:
         """Stop the background thread and close connections; idempotent."""

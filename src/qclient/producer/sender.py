@@ -114,7 +114,7 @@ class Sender:
                 for b in batches:
                     task = asyncio.create_task(self._send(b))
                     self._tasks.add(task)
-                    task.add_done_callback(self._tasks.discard)
+                    task.add_done_callback(self._task_done)
                 if self._stopping and not self._tasks and not acc.has_pending():
                     break
                 wait = None if next_due is None else max(0.0, next_due - time.monotonic())
@@ -130,6 +130,11 @@ class Sender:
                              * len(batch.items))
             await http.aclose()
 
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if self._event is not None:
+            self._event.set()  # the loop re-checks: more room in flight, or time to stop
+
     async def _send(self, batch: ProducerBatch) -> None:
         results: list[SendResult | QClientError] | list[BaseException]
         try:
@@ -141,8 +146,6 @@ class Sender:
             results = [exc] * len(batch.items)
         finally:
             self._in_flight[batch.broker] -= 1
-            if self._event is not None:
-                self._event.set()
         self._finish(batch, list(results))
 
     def _finish(self, batch: ProducerBatch, results: list[SendResult | BaseException]) -> None:

@@ -96,6 +96,10 @@ def classify_exception(exc: BaseException, *, broker: str | None,
                        timeout: float) -> tuple[Outcome, QClientError]:
     """Outcome and typed error of an exception raised by an HTTP call."""
     where = f"broker {broker}" if broker else "server"
+    if isinstance(exc, httpx.PoolTimeout):
+        # our own connection pool was exhausted: says nothing about the broker
+        return Outcome.CLIENT, SendTimeoutError(
+            f"no free connection to {where} within {timeout:.3f}s (client pool exhausted)")
     if isinstance(exc, httpx.TimeoutException):
         return Outcome.TRANSPORT, SendTimeoutError(
             f"{where} did not answer within {timeout:.3f}s ({type(exc).__name__})")

@@ -68,8 +68,13 @@ def tls_verify(verify: bool | str | ssl.SSLContext) -> bool | ssl.SSLContext:
     return verify
 
 
+#: connections per client; AsyncHttp admits this many requests at once (``slots``)
+MAX_CONNECTIONS = 64
+
+
 def _limits() -> httpx.Limits:
-    return httpx.Limits(max_connections=64, max_keepalive_connections=32, keepalive_expiry=30)
+    return httpx.Limits(max_connections=MAX_CONNECTIONS, max_keepalive_connections=32,
+                        keepalive_expiry=30)
 
 
 class _Base:

@@ -1,0 +1,132 @@
+"""Issue 4 acceptance against a real LocalCluster: send_batch, send_async, AsyncProducer."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import Future
+
+import pytest
+
+from qclient import AsyncProducer, LocalCluster, Message, Producer, SendResult
+from qclient.errors import BufferFullError, QClientError
+
+from .helpers import drain
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):  # type: ignore[no-untyped-def]
+    with LocalCluster(2, data_dir=str(tmp_path_factory.mktemp("batching"))) as c:
+        yield c
+
+
+def test_send_batch_2000_in_order_all_delivered(cluster: LocalCluster) -> None:
+    bodies = [f"batch-{i}-".encode() * (1 + i % 7) for i in range(2000)]
+    bodies[7] = b"z" * 10_000  # above the compression threshold: consumers see the original
+    with Producer(cluster.namesrv) as p:
+        results = p.send_batch(
+            Message("batch", b, delay=0.5, msg_id=f"b-{i}") for i, b in enumerate(bodies))
+        stats = p.stats()
+    assert [r.msg_id for r in results] == [f"b-{i}" for i in range(2000)]
+    assert {r.broker_name for r in results} == {"broker-a", "broker-b"}
+    assert stats["requests"] <= 20  # chunks of up to 256 per broker, not 2000 requests
+    got = drain(cluster.namesrv, "batch", "g", 2000, timeout=30)
+    delivered = {m.msg_id: m.body for m in got}
+    assert len(delivered) == 2000
+    assert all(delivered[f"b-{i}"] == b for i, b in enumerate(bodies))
+
+
+def test_5000_send_async_all_done_after_flush(cluster: LocalCluster) -> None:
+    with Producer(cluster.namesrv) as p:
+        futures = [p.send_async(Message("async5k", f"a{i}", delay=0.5)) for i in range(5000)]
+        p.flush(timeout=60)
+        assert all(f.done() for f in futures)
+        results = [f.result() for f in futures]
+    assert len({r.msg_id for r in results}) == 5000
+    got = drain(cluster.namesrv, "async5k", "g", 5000, timeout=30)
+    assert {m.msg_id for m in got} == {r.msg_id for r in results}
+
+
+def test_callbacks_run_off_the_sender_thread(cluster: LocalCluster) -> None:
+    import threading
+
+    names: list[str] = []
+    with Producer(cluster.namesrv) as p:
+        fs = [p.send_async(Message("cb", b"x", delay=0.5)) for _ in range(50)]
+        for f in fs:
+            f.add_done_callback(lambda _f: names.append(threading.current_thread().name))
+        p.flush(timeout=30)
+    assert names and not any(n.startswith("qclient-sender") for n in names)
+
+
+def test_only_broker_paused_send_async_is_bounded(tmp_path) -> None:
+    with LocalCluster(1, data_dir=str(tmp_path), broker_expire=60.0) as c:
+        broker = c.brokers[0]
+        p = Producer(c.namesrv, send_timeout=1.0, max_buffered_messages=300,
+                     linger_ms=1.0, batch_max_messages=50)
+        try:
+            p.send("paused", b"warm")
+            broker.pause()
+            futures: list[Future[SendResult]] = []
+            full = None
+            t0 = time.monotonic()
+            for i in range(2000):
+                try:
+                    futures.append(p.send_async(Message("paused", f"m{i}", delay=1.0)))
+                except BufferFullError as exc:
+                    full = exc
+                    break
+                # bounded memory: never more buffered than allowed
+                assert p._sender is not None and p._sender.accumulator.buffered <= 300
+            assert full is not None and len(futures) <= 300 + 2 * 50
+            assert time.monotonic() - t0 < 10
+        finally:
+            broker.resume()
+            p.close(timeout=10)
+        assert all(f.done() for f in futures)
+
+
+def test_close_with_pending_completes_every_future(cluster: LocalCluster) -> None:
+    p = Producer(cluster.namesrv, linger_ms=50.0)
+    futures = [p.send_async(Message("closing", f"c{i}", delay=0.5)) for i in range(3000)]
+    p.close(timeout=30)
+    assert all(f.done() for f in futures)
+    ok = [f for f in futures if f.exception() is None]
+    failed = [f.exception() for f in futures if f.exception() is not None]
+    assert all(isinstance(e, QClientError) for e in failed)
+    assert len(ok) + len(failed) == 3000
+
+
+def test_close_timeout_fails_pending_futures(tmp_path) -> None:
+    with LocalCluster(1, data_dir=str(tmp_path), broker_expire=60.0) as c:
+        broker = c.brokers[0]
+        p = Producer(c.namesrv, send_timeout=5.0, linger_ms=1.0)
+        p.send("stuck", b"warm")
+        broker.pause()
+        try:
+            futures = [p.send_async(Message("stuck", f"s{i}", delay=1.0)) for i in range(200)]
+            t0 = time.monotonic()
+            p.close(timeout=0.5)
+            assert time.monotonic() - t0 < 8
+        finally:
+            broker.resume()
+        assert all(f.done() for f in futures)
+        assert all(isinstance(f.exception(), QClientError) for f in futures)
+
+
+def test_async_producer_gather_and_batch(cluster: LocalCluster) -> None:
+    async def main() -> tuple[list[SendResult], list[SendResult]]:
+        async with AsyncProducer(cluster.namesrv) as ap:
+            gathered = await asyncio.gather(*(
+                ap.send_delayed("aio", f"g{i}", delay=0.5) for i in range(1000)))
+            batch = await ap.send_batch(
+                [Message("aio", f"b{i}", delay=0.5) for i in range(1000)])
+            return list(gathered), batch
+
+    gathered, batch = asyncio.run(main())
+    assert len({r.msg_id for r in gathered}) == 1000 and len(batch) == 1000
+    assert {r.broker_name for r in gathered} == {"broker-a", "broker-b"}
+    got = drain(cluster.namesrv, "aio", "g", 2000, timeout=30)
+    assert {m.msg_id for m in got} == {r.msg_id for r in gathered + batch}
