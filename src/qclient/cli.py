@@ -61,6 +61,16 @@ def _key_value(text: str) -> tuple[str, str]:
 # --- commands -----------------------------------------------------------------------
 
 
+def _run_server(coro: Any) -> None:
+    """Run a server coroutine on uvloop when it is installed (measured: docs/DECISIONS.md)."""
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(coro)
+    else:
+        uvloop.run(coro)
+
+
 def cmd_namesrv(args: argparse.Namespace) -> int:
     from .server.namesrv import NameServerConfig, run
 
@@ -72,7 +82,7 @@ def cmd_namesrv(args: argparse.Namespace) -> int:
         ready_file=args.ready_file, exit_with_parent=args.exit_with_parent)
     if args.auth_file and not os.path.isfile(args.auth_file):
         raise CliError(f"auth file {args.auth_file} does not exist")
-    asyncio.run(run(cfg))
+    _run_server(run(cfg))
     return 0
 
 
@@ -117,7 +127,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
         store=_store_options(args.store_option or []),
         tls_cert=args.tls_cert, tls_key=args.tls_key, tls_ca=args.tls_ca,
         ready_file=args.ready_file, exit_with_parent=args.exit_with_parent)
-    asyncio.run(run(cfg))
+    _run_server(run(cfg))
     return 0
 
 
