@@ -28,11 +28,28 @@ def _nums(values: Any) -> list[float]:
     return [float(v) for v in values if isinstance(v, int | float) and math.isfinite(v)]
 
 
+#: metric names that are throughputs, for scenarios that report no ``throughput`` key
+RATE_SUFFIXES = ("msgs_per_s", "rows_per_s")
+
+
 def collect(results: Mapping[str, Any], key: str) -> dict[str, Any]:
-    """``key`` from every scenario's result, labels prefixed by scenario (except peers)."""
+    """``key`` from every scenario's result, labels prefixed by scenario (except peers).
+
+    For ``throughput``, a scenario without that key contributes its numbers whose names end
+    in msgs_per_s / rows_per_s.
+    """
+    from benchmarks._suite.report import flatten
+
     out: dict[str, Any] = {}
     for name, rec in results.get("scenarios", {}).items():
-        value = (rec.get("result") or {}).get(key)
+        result = rec.get("result") or {}
+        value = result.get(key)
+        if not isinstance(value, dict) and key == "throughput":
+            value = {
+                k: v
+                for k, v in flatten(result)
+                if k.endswith(RATE_SUFFIXES) and "due_rate" not in k and isinstance(v, int | float)
+            }
         if not isinstance(value, dict):
             continue
         for label, v in value.items():
@@ -48,9 +65,11 @@ def plot_lateness_cdf(samples: Mapping[str, Any], path: Path) -> bool:
         return False
     plt = _plt()
     fig, ax = plt.subplots(figsize=(9, 5.5))
-    for label, xs in series.items():
+    for i, (label, xs) in enumerate(series.items()):
         n = len(xs)
-        ax.step(xs, [(i + 1) / n for i in range(n)], where="post", label=f"{label} (n={n})")
+        # the default colour cycle has 10 colours: dash the lines after it wraps
+        style = "-" if i < 10 else "--"
+        ax.step(xs, [(k + 1) / n for k in range(n)], where="post", ls=style, label=label)
     ax.set_xscale("symlog", linthresh=1.0)
     ax.set_xlabel("firing lateness, ms (arrival - asked time; < 0 is early)")
     ax.set_ylabel("fraction of messages")

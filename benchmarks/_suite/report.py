@@ -80,10 +80,11 @@ def peers_table(rows: list[dict[str, Any]]) -> str:
     body = []
     for r in rows:
         if r.get("status") != "ok":
+            reason = " ".join(str(r.get("reason", "")).split())
             body.append(
                 [
                     r["peer"],
-                    f"{r.get('status')}: {r.get('reason', '')}",
+                    f"{r.get('status')}: {reason[:200]}",
                     None,
                     None,
                     None,
