@@ -352,3 +352,19 @@ def test_back_pressure_by_bytes_while_the_committer_is_stuck(make_store) -> None
     assert len(first.result(10)) == 1 and len(queued.result(10)) == 39
     assert s.stats()["pending_bytes"] == 0
     assert not s.submit([msg(45, at)]).result(10)[0].duplicate  # the refused ones were not kept
+
+
+def test_many_buckets_more_than_open_files(make_store, tmp_path) -> None:
+    """Deliver times spread over more buckets than the fd LRU holds; all fire, across a
+    restart too."""
+    clock = FakeClock(10_000_000_000)
+    s = make_store(clock=clock, bucket_ms=10, load_ahead_ms=0, fsync=True)
+    for rnd in range(3):
+        batch = [msg(i, clock.now + 1000 + i * 7) for i in range(rnd * 100, rnd * 100 + 100)]
+        s.submit(batch).result(10)
+    assert len(list((tmp_path / "data" / "schedule").iterdir())) > 200
+    s.close()
+    s2 = make_store(clock=clock, bucket_ms=10, load_ahead_ms=0, fsync=True)
+    clock.advance(5000)  # past the last deliver time (1000 + 299 * 7)
+    wait_until(lambda: visible(s2, "t") == 300)
+    assert len({f.msg_id for f in pull_all(s2, "t")}) == 300

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections import OrderedDict
@@ -129,10 +130,8 @@ class AppendFiles:
         self._fds[key] = fd
         self._sizes.setdefault(key, 0)
         while len(self._fds) > self.max_open:
-            old, ofd = self._fds.popitem(last=False)
-            if old in self._dirty and self.fsync:
-                os.fsync(ofd)
-            self._dirty.discard(old)
+            # a dirty file stays in _dirty: take_dirty() reopens it by path for its fsync
+            _old, ofd = self._fds.popitem(last=False)
             os.close(ofd)
         return fd
 
@@ -165,7 +164,13 @@ class AppendFiles:
         dir_dirty, self._dir_dirty = self._dir_dirty, False
         if not self.fsync:
             return []
-        fds = [os.dup(self._fds[k]) for k in dirty if k in self._fds]
+        fds = []
+        for k in dirty:
+            if k in self._fds:
+                fds.append(os.dup(self._fds[k]))
+            elif k in self._sizes:  # evicted from the LRU since it was written
+                with contextlib.suppress(FileNotFoundError):
+                    fds.append(os.open(self.path(k), os.O_RDONLY))
         if dir_dirty:
             fds.append(os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY))
         return fds
