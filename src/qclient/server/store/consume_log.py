@@ -43,15 +43,15 @@ class ConsumeQueue:
         self._log_fd = -1
         self._idx_fd = -1
         self._synced_end = 0
+        self._new_dirs = False
 
     def open(self) -> list[rec.Record]:
         """Open and recover; returns the records fired in the last few seconds before the
         previous stop (their dispatch may not have been logged)."""
-        new = not self.dir.exists()
+        # a new queue's directory entries are made durable by the first sync(), on the
+        # syncer thread, before any of its offsets become visible
+        self._new_dirs = not self.dir.exists()
         self.dir.mkdir(parents=True, exist_ok=True)
-        if new and self.fsync:
-            fsync_dir(self.dir.parent)
-            fsync_dir(self.dir.parent.parent)
         flags = os.O_RDWR | os.O_CREAT | os.O_APPEND
         self._log_fd = os.open(self.dir / "log", flags, 0o644)
         self._idx_fd = os.open(self.dir / "index", flags, 0o644)
@@ -130,6 +130,11 @@ class ConsumeQueue:
     def sync(self) -> int:
         """fdatasync the log; returns the offset up to which it is durable (publish it)."""
         upto = self.next
+        if self._new_dirs and self.fsync:
+            fsync_dir(self.dir)
+            fsync_dir(self.dir.parent)
+            fsync_dir(self.dir.parent.parent)
+        self._new_dirs = False
         if self.fsync and self.log_end != self._synced_end:
             end = self.log_end
             os.fdatasync(self._log_fd)
