@@ -20,6 +20,7 @@ from ...protocol.wire import ErrorCode
 from .._http import ApiError, make_app, read_body, reply, serve, ssl_context
 from ..store import (
     DelayStore,
+    InvalidRecordError,
     NewMessage,
     StoreBusyError,
     StoreConfig,
@@ -231,6 +232,8 @@ class Broker:
                 stored = await asyncio.wrap_future(self.store.submit(to_store))
             except StoreBusyError as exc:
                 raise ApiError(503, ErrorCode.BROKER_BUSY, f"broker busy: {exc}") from None
+            except InvalidRecordError as exc:  # issue 6: bad input, not a store failure
+                raise ApiError(400, ErrorCode.INVALID_MESSAGE, str(exc)) from None
             except StoreError as exc:
                 log.error("store error: %s", exc)
                 raise ApiError(500, ErrorCode.STORE_ERROR, f"store error: {exc}") from None
@@ -248,10 +251,14 @@ class Broker:
             raise ApiError(400, ErrorCode.INVALID_TOPIC, f"invalid topic name {body.topic!r}")
         if not MSG_ID_RE.match(body.msg_id):
             raise ApiError(400, ErrorCode.INVALID_MESSAGE, "msg_id must be 1-128 printable ASCII")
+        if not 0 <= body.deliver_at_ms < 2**63:  # issue 6 (fuzz): was a 500 from the store
+            raise ApiError(400, ErrorCode.INVALID_DELAY, "deliver_at_ms must be 0..2**63-1")
         await self.authorize(request, {body.topic})
         try:
             outcome = await asyncio.wrap_future(
                 self.store.cancel(body.topic, body.msg_id, body.deliver_at_ms))
+        except InvalidRecordError as exc:  # issue 6: bad input, not a store failure
+            raise ApiError(400, ErrorCode.INVALID_REQUEST, str(exc)) from None
         except StoreError as exc:
             raise ApiError(500, ErrorCode.STORE_ERROR, f"store error: {exc}") from None
         self.counters["cancelled" if outcome.cancelled else "cancel_misses"] += 1
