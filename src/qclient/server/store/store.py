@@ -15,16 +15,35 @@ Design (QMQ delay-server, seeds 000/002, adapted)::
         fully fired ``retain_fired_ms`` ago.
 
 Durability: a submit's future completes only after its records are fdatasync'd (when
-``config.fsync``); everything derived (schedule entries, wheel, dedupe table, consume
-index) is rebuilt on open from the message log, starting at the checkpointed replay
-offset (the schedule files are fsync'd before the checkpoint is advanced). Write order on
-fire -- consume record, its fsync, then the dispatch record -- means a crash can only
-re-fire, never lose; on open, the consume logs' last few seconds are reconciled into the
-dispatch log, so even a ``kill -9`` mid-fire rarely duplicates.
+``config.fsync``; one fsync per group: while one runs, new submissions queue up for the
+next). Everything derived (schedule entries, wheel, dedupe table, consume index) is
+rebuilt on open from the message log, from the checkpointed replay offset (schedule files
+are fsync'd before the checkpoint advances); a torn tail (bad length or CRC) is cut off.
+Write order on fire -- consume record, its fsync, then the dispatch record -- means a crash
+can only re-fire, never lose; on open, the consume logs' last seconds are reconciled into
+the dispatch log, so even a ``kill -9`` mid-fire rarely duplicates (0 in our tests).
 
-Locks: ``_submit_lock`` (queue, in-flight ids, dedupe table), ``_sched`` (wheel, schedule
-log appends, bucket states; see wheel.py for the loading discipline), ``_sync_cv``
-(fired work for the syncer). Never nested except ``_sched`` inside nothing else.
+Cancel writes a tombstone record (durable like a message) that the replayer turns into a
+cancel entry in the message's bucket; the firing thread skips cancelled positions. "Has
+it fired?" is answered without per-message state: in flight (popped, not yet dispatched)
+or in the bucket's dispatch log (an aligned ``bytes.find``); a generation counter makes
+that check atomic with the syncer.
+
+Dedupe: ``msg_id`` -> position of the original record (see dedupe.py, ~130 B per id); a
+hit returns the original result read back from the log. On open it is rebuilt from the
+newest segments, at most ``dedupe_max_ids`` ids within ``dedupe_window_ms``.
+
+Memory: the dedupe table, plus ~50 B per wheel entry (only loaded buckets, i.e. messages
+due within about ``load_ahead_ms + bucket_ms``), plus small per-bucket bookkeeping. No
+message body stays in memory after its group commit. For sustained high rates prefer
+small buckets (e.g. ``bucket_ms=60_000, load_ahead_ms=30_000``) over QMQ's hour.
+
+Locks: ``_submit_lock`` (queue, in-flight ids, dedupe table) may be taken before
+``_sched`` (wheel, schedule log appends, bucket states; see wheel.py for the loading
+discipline), never after; ``_sync_cv`` (fired work for the syncer) is never held with
+either. Big groups are handled in chunks so no lock is held long (the firing thread
+needs ``_sched``). Blocking calls: submit/cancel/pull do small preads in the caller's
+thread; cancel of an id no longer in the dedupe table reads its bucket's schedule file.
 
 GIL note for the lead: firing lateness is dominated by how fast the firing thread gets
 the GIL back when it wakes. With the default ``sys.setswitchinterval(0.005)`` a busy
@@ -32,8 +51,9 @@ thread (e.g. the asyncio loop decoding a big batch) can delay it up to ~5 ms; se
 ``sys.setswitchinterval(0.001)`` in the broker process trades a little throughput for
 lower p99 lateness. The store does not change it (it is process-global).
 
-Not done: message-log segment retention (segments are kept forever); a record is
-limited to 16 MiB and the log to 1 TiB (wheel entry packing).
+Not done: retention of message-log segments and consume logs (kept forever); a record is
+limited to 16 MiB and the log to 1 TiB (wheel entry packing); each consume queue keeps
+two fds open.
 """
 
 from __future__ import annotations
