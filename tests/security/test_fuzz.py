@@ -47,53 +47,58 @@ scalars = st.one_of(st.none(), st.booleans(), ints, st.floats(), texts,
 wild = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4)
                     | st.dictionaries(texts, inner, max_size=4), max_leaves=12)
 
-topics = st.one_of(st.sampled_from(["fz", "fz_2", "fz-3"]), texts)
-msg_ids = st.one_of(st.text(alphabet=ASCII, min_size=1, max_size=128), texts)
+good_topics = st.sampled_from(["fz", "fz_2", "fz-3"])
+topics = st.one_of(good_topics, texts)
+msg_ids = st.text(alphabet=ASCII, min_size=1, max_size=128)
+short_text = st.text(max_size=40)
 
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def shaped(fields: dict[str, st.SearchStrategy[Any]]) -> st.SearchStrategy[dict[str, Any]]:
-    """A dict with some of ``fields`` (each valid-ish or wild) and maybe an unknown key."""
-    optional = {k: st.one_of(v, wild) for k, v in fields.items()}
-    base = st.fixed_dictionaries({}, optional=optional)
-    extra = st.dictionaries(st.sampled_from(["extra", "__class__", "topic "]), wild,
-                            max_size=1)
-    return st.builds(lambda a, b: {**a, **b}, base, st.one_of(st.just({}), extra))
+@st.composite
+def shaped(draw: st.DrawFn, required: dict[str, st.SearchStrategy[Any]],
+           optional: dict[str, st.SearchStrategy[Any]] | None = None) -> dict[str, Any]:
+    """A schema-valid dict with 0-2 corruptions (a field dropped, replaced by anything,
+    or an unknown one added): most examples reach the handler's own checks."""
+    d: dict[str, Any] = draw(st.fixed_dictionaries(required, optional=optional or {}))
+    keys = [*required, *(optional or {}), "extra"]
+    for _ in range(draw(st.sampled_from([0, 0, 0, 0, 1, 2]))):
+        key = draw(st.sampled_from(keys))
+        if draw(st.booleans()):
+            d[key] = draw(wild)
+        else:
+            d.pop(key, None)
+    return d
 
 
-message = shaped({
-    "topic": topics,
-    "queue_id": st.one_of(st.integers(0, 3), ints),
-    "msg_id": msg_ids,
-    "body": st.binary(max_size=2048),
-    "key": texts,
-    "tags": texts,
-    "properties": st.dictionaries(texts, texts, max_size=5),
-    "delay_ms": st.one_of(st.integers(0, 60_000), ints),
-    "deliver_at_ms": st.one_of(st.builds(lambda d: _now_ms() + d, st.integers(-10**6, 10**9)),
-                               ints),
-    "flag": st.one_of(st.sampled_from([0, 1]), ints),
-})
-send = shaped({"messages": st.lists(message, max_size=5)})
+message = shaped(
+    {"topic": good_topics, "queue_id": st.integers(0, 3), "msg_id": msg_ids,
+     "body": st.binary(max_size=2048)},
+    {"key": short_text, "tags": short_text,
+     "properties": st.dictionaries(short_text, short_text, max_size=5),
+     "delay_ms": st.one_of(st.integers(0, 60_000), ints),
+     "deliver_at_ms": st.one_of(
+         st.builds(lambda d: _now_ms() + d, st.integers(-10**6, 10**9)), ints),
+     "flag": st.sampled_from([0, 1, 2, 128])})
+send = shaped({"messages": st.lists(message, min_size=1, max_size=5)})
 cancel = shaped({"topic": topics, "msg_id": msg_ids,
-                 "deliver_at_ms": st.one_of(st.just(_now_ms()), ints)})
+                 "deliver_at_ms": st.one_of(st.builds(_now_ms), ints)})
 # wait_ms is never a valid positive value: a valid long poll would just wait.
-pull = shaped({"topic": topics, "group": st.one_of(st.sampled_from(["g", "g-2"]), texts),
-               "max_messages": st.one_of(st.integers(0, 64), ints),
+pull = shaped({"topic": topics, "group": st.one_of(st.sampled_from(["g", "g-2"]), texts)},
+              {"max_messages": st.one_of(st.integers(0, 64), ints),
                "wait_ms": st.one_of(st.just(0), st.integers(max_value=-1),
                                     st.integers(min_value=30_001)),
-               "commits": st.dictionaries(st.one_of(st.integers(-2, 8), ints), ints,
-                                          max_size=4)})
-create_topic = shaped({"topic": topics, "queues": st.one_of(st.integers(1, 8), ints),
-                       "perm": st.one_of(st.sampled_from([2, 4, 6]), ints)})
+               "commits": st.dictionaries(st.one_of(st.integers(-2, 8), ints),
+                                          st.one_of(st.integers(0, 5), ints), max_size=4)})
+create_topic = shaped({"topic": topics}, {"queues": st.one_of(st.integers(1, 8), ints),
+                                          "perm": st.sampled_from([0, 2, 4, 6, 7, 8, -1])})
 
-content_types = st.sampled_from([wire.JSON, wire.MSGPACK, wire.JSON, wire.MSGPACK,
-                                 "application/json; charset=utf-8", "text/plain", "",
-                                 "application/x-www-form-urlencoded",
-                                 "multipart/form-data; boundary=xyz"])
+content_types = st.sampled_from(
+    [wire.JSON, wire.MSGPACK] * 8 + ["application/json; charset=utf-8", "text/plain", "",
+                                     "application/x-www-form-urlencoded",
+                                     "multipart/form-data; boundary=xyz"])
 
 
 def _encode(obj: Any, content_type: str) -> bytes | None:
@@ -106,13 +111,13 @@ def _encode(obj: Any, content_type: str) -> bytes | None:
 
 
 def bodies(shape: st.SearchStrategy[Any]) -> st.SearchStrategy[tuple[str, bytes]]:
-    """``(content type, body)``: shaped, any value, or raw bytes."""
-    def build(ct: str, kind: int, obj: Any, raw: bytes) -> tuple[str, bytes]:
-        encoded = _encode(obj, ct) if kind < 2 else None
+    """``(content type, body)``: mostly a shaped object, sometimes any value or raw bytes."""
+    def build(ct: str, kind: str, obj: Any, anything: Any, raw: bytes) -> tuple[str, bytes]:
+        encoded = None if kind == "raw" else _encode(obj if kind == "shaped" else anything, ct)
         return ct, raw if encoded is None else encoded
 
-    return st.builds(build, content_types, st.integers(0, 2),
-                     st.one_of(shape, shape, wild), st.binary(max_size=512))
+    kinds = st.sampled_from(["shaped"] * 8 + ["any", "raw"])
+    return st.builds(build, content_types, kinds, shape, wild, st.binary(max_size=512))
 
 
 # --- checks --------------------------------------------------------------------------
@@ -196,6 +201,74 @@ def test_fuzz_methods_and_paths(open_cluster: LocalCluster, client: httpx.Client
 
     one()
     check_alive(open_cluster)
+
+
+# --- the name server -----------------------------------------------------------------
+
+topic_config = shaped({}, {"read_queue_nums": st.one_of(st.integers(0, 8), ints),
+                          "write_queue_nums": st.one_of(st.integers(0, 8), ints),
+                          "perm": st.sampled_from([0, 2, 4, 6, 7, -1])})
+registration = shaped(
+    {"broker_name": st.one_of(st.sampled_from(["fz-broker", "fz-2"]), texts),
+     "addr": st.one_of(st.just("127.0.0.1:1"), texts)},
+    {"cluster": st.one_of(st.just("c"), texts), "perm": st.sampled_from([0, 4, 6, 9]),
+     "auto_create_topics": st.booleans(),
+     "default_queue_nums": st.one_of(st.integers(1, 8), ints),
+     "topics": st.dictionaries(topics, topic_config, max_size=4)})
+unregistration = shaped({"broker_name": st.one_of(st.just("fz-broker"), texts),
+                         "addr": st.one_of(st.just("127.0.0.1:1"), texts)})
+route_topics = st.text(alphabet=string.ascii_letters + string.digits + "_%|-./~*",
+                       max_size=140)
+
+
+def test_fuzz_name_server(open_cluster: LocalCluster, client: httpx.Client) -> None:
+    ns = open_cluster.namesrv_node
+    base = wire.base_url(ns.addr)
+
+    @FUZZ
+    @given(st.one_of(
+        st.tuples(st.just(wire.NAMESRV_REGISTER), bodies(registration)),
+        st.tuples(st.just(wire.NAMESRV_UNREGISTER), bodies(unregistration)),
+        st.tuples(st.just("route"), st.tuples(st.just(""), route_topics.map(str.encode)))))
+    def one(case: tuple[str, tuple[str, bytes]]) -> None:
+        path, (ct, body) = case
+        if path == "route":
+            try:
+                resp = client.get(f"{base}/v1/routes/{body.decode()}")
+            except httpx.InvalidURL:
+                return
+        else:
+            resp = client.post(base + path, content=body,
+                               headers={"Content-Type": ct} if ct else {})
+        check_answer(resp)
+        if resp.status_code == 200 and path == wire.NAMESRV_REGISTER:
+            # What a reader of the routes trusts stays in range.
+            reg = msgspec.convert(
+                msgspec.json.decode(body) if not ct.startswith(wire.MSGPACK)
+                else msgspec.msgpack.decode(body), wire.BrokerRegistration)
+            assert 1 <= reg.default_queue_nums <= 256
+            assert all(c.read_queue_nums <= 256 for c in reg.topics.values())
+
+    one()
+    assert ns.running
+    assert client.get(base + wire.HEALTH).status_code == 200
+    log_text = (open_cluster.data_dir / f"{ns.name}.log").read_text(errors="replace")
+    assert "internal error" not in log_text and "Traceback" not in log_text
+
+
+def test_name_server_registration_limits(open_cluster: LocalCluster,
+                                         client: httpx.Client) -> None:
+    base = wire.base_url(open_cluster.namesrv_node.addr)
+    good = {"broker_name": "lim", "addr": "127.0.0.1:1"}
+    for over in [{"default_queue_nums": 10**9}, {"default_queue_nums": 0}, {"perm": 99},
+                 {"broker_name": "x" * 129}, {"addr": "a b"}, {"cluster": ""},
+                 {"topics": {"t": {"read_queue_nums": 100_000}}},
+                 {"topics": {"t": {"perm": -1}}}, {"topics": {"../t": {}}}]:
+        resp = client.post(base + wire.NAMESRV_REGISTER, content=msgspec.json.encode(
+            {**good, **over}), headers={"Content-Type": wire.JSON})
+        assert resp.status_code == 400, (over, resp.text)
+        check_answer(resp)
+    assert "lim" not in open_cluster.registered()
 
 
 # --- a broker with an auth file ------------------------------------------------------
