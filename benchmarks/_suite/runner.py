@@ -204,6 +204,19 @@ def run_scenario(
     return rec
 
 
+def _last_line(path: Path, width: int = 50) -> str:
+    """The last non-empty line of a log, cut to ``width`` characters (for the progress bar)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 2048))
+            lines = [ln.strip() for ln in f.read().decode(errors="replace").splitlines()]
+    except OSError:
+        return ""
+    lines = [ln for ln in lines if ln]
+    return lines[-1][:width] if lines else ""
+
+
 def _git_commit() -> str | None:
     try:
         out = subprocess.run(
@@ -271,7 +284,8 @@ def run_suite(
 
             def tick(name: str = sc.name, t0: float = t0) -> None:
                 if bar is not None:
-                    bar.set_postfix_str(f"{name} {time.monotonic() - t0:.0f}s")
+                    last = _last_line(out_dir / "logs" / f"{name}.log")
+                    bar.set_postfix_str(f"{name} {time.monotonic() - t0:.0f}s {last}")
 
             tick()
             extra = peer_args if sc.name == "peers" else ()
