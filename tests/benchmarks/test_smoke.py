@@ -22,7 +22,7 @@ from benchmarks.peers.workload import Workload, percentile, run_peer
 ALL_PEERS = os.environ.get("QCLIENT_BENCH_SMOKE_ALL") == "1"
 
 #: tiny and short: delivery and the kill -9 phase in ~2 s per peer
-TINY = Workload(n=20, min_delay_s=0.1, max_delay_s=0.3, grace_s=1.0, batch=8)
+TINY = Workload(n=20, min_delay_s=0.1, max_delay_s=0.3, grace_s=2.0, batch=8)
 
 #: peers whose acknowledgement is durable: everything must survive kill -9
 DURABLE = {
