@@ -310,12 +310,16 @@ class Broker:
         # Fair share per queue first, then fill up from whichever has more.
         share = max(1, limit // max(1, queues))
         offsets = {q: self.store.committed_offset(group, topic, q) for q in range(queues)}
+        size = 0  # issue 6: bound the bytes of one answer too, not only its count
         for rounds in (share, limit):
             for q in range(queues):
                 room = min(rounds, limit - len(out))
-                if room <= 0:
+                if room <= 0 or size >= self.config.max_pull_bytes:
                     break
                 for f in self.store.pull(topic, q, offsets[q], room):
+                    if out and size + len(f.body) > self.config.max_pull_bytes:
+                        break
+                    size += len(f.body)
                     out.append(wire.PulledMessage(
                         msg_id=f.msg_id, topic=f.topic, body=f.body, queue_id=f.queue_id,
                         offset=f.offset, deliver_at_ms=f.deliver_at_ms,

@@ -25,6 +25,8 @@ class BrokerConfig:
     max_delay_ms: int = 40 * 86_400_000
     max_pull_messages: int = 1024
     max_pull_wait_ms: int = 30_000
+    #: issue 6: one pull answer stops growing past this many body bytes (at least 1 message)
+    max_pull_bytes: int = 16 * 1024 * 1024
     # store tunables (see qclient.server.store.StoreConfig)
     store: dict[str, int | bool] = field(default_factory=dict)
     tls_cert: str | None = None
