@@ -68,7 +68,7 @@ class QClientPeer(Peer):
     """A ``LocalCluster`` with one broker (the peers are single servers too)."""
 
     name = "qclient"
-    description = "LocalCluster, 1 broker; send_delayed, fsync (group commit) before the ack"
+    description = "LocalCluster, 1 broker; send_delayed (batch row: send_batch); fsync before ack"
     start_timeout = 30.0
 
     def __init__(self, brokers: int = 1) -> None:
