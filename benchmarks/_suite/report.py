@@ -219,7 +219,8 @@ def write_report(results: Mapping[str, Any], out_dir: Path) -> Path:
             [
                 [
                     n,
-                    r.get("status"),
+                    r.get("status")
+                    + (f" (run {r['from_earlier_run']})" if r.get("from_earlier_run") else ""),
                     r.get("elapsed_s"),
                     (r.get("reason") or "").splitlines()[0][:160]
                     if r.get("status") != "ok"

@@ -254,8 +254,12 @@ def run_suite(
     out_dir: Path,
     peer_args: tuple[str, ...] = (),
     progress: bool = True,
+    merge: bool = False,
 ) -> dict[str, Any]:
-    """Run the scenarios in order, write latest.json and REPORT.md; returns the results."""
+    """Run the scenarios in order, write latest.json and REPORT.md; returns the results.
+
+    With ``merge``, scenarios not run now keep their results from the existing latest.json.
+    """
     out_dir.mkdir(parents=True, exist_ok=True)
     started = dt.datetime.now(dt.UTC)
     results: dict[str, Any] = {
@@ -265,6 +269,20 @@ def run_suite(
         "host": _host(),
         "scenarios": {},
     }
+    if merge:
+        try:
+            old = json.loads((out_dir / "latest.json").read_text())
+            kept = {
+                k: v
+                for k, v in old.get("scenarios", {}).items()
+                if k not in {sc.name for sc in scenarios}
+            }
+            for rec in kept.values():
+                rec["from_earlier_run"] = old.get("started_at")
+            results["scenarios"].update(kept)
+            results["merged_from"] = old.get("started_at")
+        except (OSError, ValueError):
+            pass
     bar: Any = None
     if progress:
         try:
@@ -302,6 +320,10 @@ def run_suite(
     finally:
         if bar is not None:
             bar.close()
+    order = {sc.name: i for i, sc in enumerate(SCENARIOS)}
+    results["scenarios"] = dict(
+        sorted(results["scenarios"].items(), key=lambda kv: order.get(kv[0], len(order)))
+    )
     results["finished_at"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     (out_dir / "latest.json").write_text(json.dumps(results, indent=1) + "\n")
     from benchmarks._suite.report import write_report
@@ -322,6 +344,11 @@ def main(argv: list[str] | None = None) -> int:
         "--setup-peers",
         action="store_true",
         help="run benchmarks/setup_peers.sh first (apt-get + pip; a no-op when installed)",
+    )
+    ap.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep earlier results (latest.json) of the scenarios not run now",
     )
     ap.add_argument("--list", action="store_true", help="list the scenarios and exit")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -356,6 +383,7 @@ def main(argv: list[str] | None = None) -> int:
         out_dir=args.out,
         peer_args=peer_args,
         progress=not args.no_progress,
+        merge=args.merge,
     )
     print(f"wrote {args.out / 'latest.json'} and {args.out / 'REPORT.md'}")
     bad = [n for n, r in results["scenarios"].items() if r["status"] in ("error", "timeout")]
