@@ -125,16 +125,25 @@ class ServerProcess:
                 if up():
                     return time.monotonic() - t0
             except _Exited:
+                code = self.proc.returncode if self.proc else "?"
                 self.stop()
                 raise StartTimeout(
-                    f"{self.name} exited with {self.proc.returncode if self.proc else '?'} "
-                    f"while starting (log: {self.log_path})"
+                    f"{self.name} exited with {code} while starting: {self._log_tail()}"
                 ) from None
             except Exception:
                 pass
             time.sleep(0.05)
         self.stop()
-        raise StartTimeout(f"{self.name} did not start in {timeout:.0f} s (log: {self.log_path})")
+        raise StartTimeout(f"{self.name} did not start in {timeout:.0f} s: {self._log_tail()}")
+
+    def _log_tail(self) -> str:
+        """The server log's last non-empty line (the data dir may be gone later)."""
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return "(no log)"
+        lines = [ln.strip() for ln in lines if ln.strip()]
+        return lines[-1][:200] if lines else "(empty log)"
 
     def kill9(self) -> None:
         """SIGKILL the server and every process it started; waits until they are gone."""
