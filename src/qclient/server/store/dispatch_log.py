@@ -2,11 +2,16 @@
 
 Written after the consume log holding the fired copies is synced, so a crash can only
 re-fire (duplicate), never lose. On recovery, a bucket's wheel entries minus this set are
-what is still due.
+what is still due. When a fully fired bucket is cleaned up, its dispatch file outlives its
+schedule file by a dedupe window (``mtime`` marks the cleanup), so "has this id fired?"
+stays answerable for as long as the id can be looked up -- even if a late message
+recreates the bucket.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import struct
 from array import array
 from pathlib import Path
@@ -38,3 +43,14 @@ class DispatchLog(AppendFiles):
                 return True
             i = data.find(needle, i + 1)
         return False
+
+    def mtime(self, bucket: int) -> float | None:
+        try:
+            return os.path.getmtime(self.path(bucket))
+        except FileNotFoundError:
+            return None
+
+    def touch(self, bucket: int) -> None:
+        """Mark the file as orphaned now (its bucket's schedule file was removed)."""
+        with contextlib.suppress(FileNotFoundError):
+            os.utime(self.path(bucket))

@@ -184,6 +184,7 @@ class DelayStore:
         self._queue: list[_Batch] = []
         self._pending = 0
         self._pending_bytes = 0
+        self._orphans: dict[int, float] = {}  # cleaned bucket -> wall time to drop its dispatch
         self._inflight: dict[str, _Entry] = {}
         self._sched = threading.Lock()
         self._fire_cv = threading.Condition(self._sched)
@@ -344,7 +345,10 @@ class DelayStore:
             log.error("unreadable checkpoint.json: replaying the whole message log")
         replay_from = min(replay_from, mlog.end)
         self._wheel.unloaded.update(self._slog.recover())
-        self._dlog.recover()
+        for b in self._dlog.recover():
+            if not self._slog.size(b):  # bucket cleaned before the stop: orphan
+                mt = self._dlog.mtime(b) or time.time()
+                self._orphans[b] = mt + cfg.dedupe_window_ms / 1000
         segs = mlog.segments()
         last_base = segs[-1][0] if segs else 0
         batch: list[tuple[int, int, int, int, int]] = []
@@ -820,27 +824,48 @@ class DelayStore:
             self._ckpt_written = replayed
 
     def _cleanup(self) -> None:
-        """Remove buckets fully fired long enough ago (and covered by the checkpoint)."""
+        """Remove buckets fully fired long enough ago (and covered by the checkpoint).
+
+        A bucket holding cancels is kept until the dedupe window has passed too, so that a
+        repeated cancel still answers "already_cancelled" (not "already_fired") for as long
+        as the id can be found."""
         if self._broken is not None:
             return
         now = self._clock()
         w = self._wheel
         removed = 0
+        retain = self.config.retain_fired_ms
+        retain_cancels = retain + self.config.dedupe_window_ms
         with self._sched:
             for b in list(w.state):
                 st = w.state[b]
+                end = (b + 1) * self.bucket_ms
                 if (
                     st.outstanding <= 0
                     and w.loading != b
                     and w.is_loaded(b)
-                    and (b + 1) * self.bucket_ms + self.config.retain_fired_ms < now
+                    and end + (retain_cancels if w.cancelled.get(b) else retain) < now
                     and st.max_pos < self._ckpt_written
                 ):
                     self._slog.remove(b)
-                    self._dlog.remove(b)
+                    if self._dlog.size(b):
+                        self._dlog.touch(b)
+                        self._orphans[b] = time.time() + self.config.dedupe_window_ms / 1000
                     w.drop(b)
                     removed += 1
+            self._sweep_orphans()
         self._stats["buckets_removed"] += removed
+
+    def _sweep_orphans(self) -> None:
+        """Remove dispatch files whose bucket was cleaned more than a dedupe window ago
+        (called with ``_sched`` held)."""
+        wall = time.time()
+        for b, expiry in list(self._orphans.items()):
+            if self._slog.size(b) or b in self._wheel.state:
+                del self._orphans[b]  # recreated by a late message: live again
+            elif wall > expiry:
+                self._dlog.remove(b)
+                del self._orphans[b]
 
     # ------------------------------------------------------------------ cancel
     def _locate(self, topic: str, msg_id: str, deliver_at_ms: int) -> tuple[int, rec.Record] | None:
