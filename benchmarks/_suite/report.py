@@ -250,6 +250,16 @@ def write_report(results: Mapping[str, Any], out_dir: Path) -> Path:
             "",
         ]
         notes = sorted({f"`{r['peer']}`: {r['note']}" for r in peers["peers"] if r.get("note")})
+        for r in peers["peers"]:
+            bd = r.get("breakdown") or {}
+            parts = [
+                f"{k.replace('_ms', '').replace('_', ' ')} p50/p99/max "
+                f"{_fmt(v.get('p50'))}/{_fmt(v.get('p99'))}/{_fmt(v.get('max'))} ms"
+                for k, v in bd.items()
+                if isinstance(v, dict)
+            ]
+            if parts:
+                notes.append(f"`{r['peer']}` lateness split: " + "; ".join(parts))
         md += [f"- {n}" for n in notes] + ([""] if notes else [])
     tt = targets_table(results)
     md += ["## Targets", "", tt or "No scenario reported `targets` in this run.", ""]

@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +71,10 @@ class PeerConsumer(abc.ABC):
 
     def disconnect(self) -> None:  # noqa: B027 - optional hook
         """Close the connection, ignoring errors."""
+
+    def breakdown(self) -> dict[str, Any] | None:
+        """Optional extra figures the system itself reports (e.g. server-side lateness)."""
+        return None
 
     def _run(self) -> None:
         connected = False

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from benchmarks.peers.base import Peer, PeerConsumer, PeerProducer, Sink
+from benchmarks.peers.workload import percentile
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +50,8 @@ class QClientConsumer(PeerConsumer):
         self.namesrv = namesrv
         self.topic = topic
         self.c: Any = None
+        self.fired_late_ms: list[float] = []
+        self.to_consumer_ms: list[float] = []
 
     def connect(self) -> None:
         from qclient import Consumer
@@ -56,7 +60,27 @@ class QClientConsumer(PeerConsumer):
 
     def poll_once(self) -> None:
         for m in self.c.poll(max_messages=256, timeout=0.5):
+            now_ms = time.time() * 1000
             self.sink(bytes(m.body).decode())
+            # where the lateness goes: the broker firing late, or the way to the consumer
+            self.fired_late_ms.append(m.fired_at_ms - m.deliver_at_ms)
+            self.to_consumer_ms.append(now_ms - m.fired_at_ms)
+
+    def breakdown(self) -> dict[str, Any] | None:
+        def stats(xs: list[float]) -> dict[str, float]:
+            s = sorted(xs)
+            return {
+                "p50": round(percentile(s, 50), 2),
+                "p99": round(percentile(s, 99), 2),
+                "max": round(s[-1], 2),
+            }
+
+        if not self.fired_late_ms:
+            return None
+        return {
+            "broker_fired_late_ms": stats(self.fired_late_ms),
+            "fired_to_consumer_ms": stats(self.to_consumer_ms),
+        }
 
     def disconnect(self) -> None:
         if self.c is not None:

@@ -132,6 +132,7 @@ def _timing_phase(
     finally:
         prod.close()
         cons.close()
+    extra = cons.breakdown()
     with arr.lock:
         lateness = sorted((arr.first[m] - due[m]) * 1000 for m in due if m in arr.first)
         total = arr.total
@@ -151,6 +152,7 @@ def _timing_phase(
             "min": round(lateness[0], 2) if lateness else None,
         },
         "samples_ms": [round(x, 2) for x in _thin(lateness, MAX_SAMPLES)],
+        **({"breakdown": extra} if extra else {}),
     }
 
 
