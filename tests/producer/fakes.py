@@ -44,6 +44,7 @@ class FakeBroker:
         self.mode = "ok"
         self.health_ok = True
         self.sends = 0
+        self.reject_ids: set[str] = set()  # answered INVALID_MESSAGE
         self.messages: list[Any] = []
         self.release = threading.Event()
         self.lock = threading.Lock()
@@ -92,7 +93,9 @@ class FakeBroker:
                 with broker.lock:
                     broker.messages.extend(req.messages)
                 self._reply(200, encode(SendResponse(broker_name=broker.name, results=[
-                    MessageResult(msg_id=m.msg_id, status="SEND_OK", queue_id=m.queue_id,
+                    MessageResult(msg_id=m.msg_id, queue_id=m.queue_id,
+                                  status="INVALID_MESSAGE" if m.msg_id in broker.reject_ids
+                                  else "SEND_OK",
                                   deliver_at_ms=int(time.time() * 1000) + (m.delay_ms or 0))
                     for m in req.messages]), MSGPACK))
 

@@ -103,6 +103,7 @@ class CallResult:
     response: HttpResponse | None = None
     exc: BaseException | None = None
     latency_ms: float = 0.0
+    queued_s: float = 0.0  # waited for a client-side slot before the attempt started
 
 
 class Sleep(float):
@@ -294,6 +295,10 @@ class ProducerCore:
                     self.stats.retry(len(pending))
                 calls = self._calls(pending, attempt, deadline)
                 outcomes: list[CallResult] = yield calls
+                queued = max((o.queued_s for o in outcomes), default=0.0)
+                if queued > 0:  # client-side queueing is not the brokers' time
+                    deadline += queued
+                    state.kwargs["deadline"] = deadline
                 pending = self._absorb(calls, outcomes, results)
                 if pending:
                     state.set_exception((_Round, _Round(), None))

@@ -1,8 +1,15 @@
-"""Drivers of a send plan: perform its HTTP calls, blocking (threads) or with asyncio."""
+"""Drivers of a send plan: perform its HTTP calls, blocking (threads) or with asyncio.
+
+``slots`` bound the requests in flight per broker (shared by every plan of a producer);
+the wait for a slot is client-side queueing, so it is not charged to the attempt's
+timeout (and the plan extends its deadline by it): a big batch queues at the client
+instead of timing out on a busy broker and getting that healthy broker isolated.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
@@ -13,10 +20,40 @@ import httpx
 from ..transport.http import AsyncHttp, SyncHttp
 from ._core import CallResult, HttpCall, Plan, Sleep
 
-__all__ = ["call_async", "call_sync", "run_async", "run_sync"]
+__all__ = ["AsyncSlots", "SyncSlots", "call_async", "call_sync", "run_async", "run_sync"]
 
 
-def call_sync(http: SyncHttp, call: HttpCall) -> CallResult:
+class SyncSlots:
+    """Per-broker limit of concurrent requests, for threads."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._sems: dict[str, threading.Semaphore] = {}
+        self._lock = threading.Lock()
+
+    def get(self, broker: str) -> threading.Semaphore:
+        sem = self._sems.get(broker)
+        if sem is None:
+            with self._lock:
+                sem = self._sems.setdefault(broker, threading.Semaphore(self.limit))
+        return sem
+
+
+class AsyncSlots:
+    """Per-broker limit of concurrent requests, for one event loop."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._sems: dict[str, asyncio.Semaphore] = {}
+
+    def get(self, broker: str) -> asyncio.Semaphore:
+        sem = self._sems.get(broker)
+        if sem is None:
+            sem = self._sems[broker] = asyncio.Semaphore(self.limit)
+        return sem
+
+
+def _call_sync(http: SyncHttp, call: HttpCall) -> CallResult:
     start = time.perf_counter()
     try:
         resp = http.request("POST", call.addr, call.path, call.body, timeout=call.timeout)
@@ -25,7 +62,19 @@ def call_sync(http: SyncHttp, call: HttpCall) -> CallResult:
     return CallResult(response=resp, latency_ms=(time.perf_counter() - start) * 1000)
 
 
-def run_sync(plan: Plan, http: SyncHttp, executor: Callable[[], Executor] | None = None) -> Any:
+def call_sync(http: SyncHttp, call: HttpCall, slots: SyncSlots | None = None) -> CallResult:
+    if slots is None:
+        return _call_sync(http, call)
+    queued = time.perf_counter()
+    with slots.get(call.broker):
+        waited = time.perf_counter() - queued
+        res = _call_sync(http, call)
+    res.queued_s = waited
+    return res
+
+
+def run_sync(plan: Plan, http: SyncHttp, executor: Callable[[], Executor] | None = None,
+             slots: SyncSlots | None = None) -> Any:
     """Run a plan to completion in this thread; a round's calls run concurrently on
     ``executor()`` when there are several (one per broker chunk)."""
     answer: Any = None
@@ -36,16 +85,16 @@ def run_sync(plan: Plan, http: SyncHttp, executor: Callable[[], Executor] | None
                 time.sleep(step)
                 answer = None
             elif len(step) == 1 or executor is None:
-                answer = [call_sync(http, c) for c in step]
+                answer = [call_sync(http, c, slots) for c in step]
             else:
-                answer = list(executor().map(lambda c: call_sync(http, c), step))
+                answer = list(executor().map(lambda c: call_sync(http, c, slots), step))
     except StopIteration as stop:
         return stop.value
     finally:
         plan.close()
 
 
-async def call_async(http: AsyncHttp, call: HttpCall) -> CallResult:
+async def _call_async(http: AsyncHttp, call: HttpCall) -> CallResult:
     start = time.perf_counter()
     try:
         # a hard cap on the whole exchange, not only per phase as httpx's timeout is
@@ -60,7 +109,19 @@ async def call_async(http: AsyncHttp, call: HttpCall) -> CallResult:
     return CallResult(response=resp, latency_ms=(time.perf_counter() - start) * 1000)
 
 
-async def run_async(plan: Plan, http: AsyncHttp) -> Any:
+async def call_async(http: AsyncHttp, call: HttpCall,
+                     slots: AsyncSlots | None = None) -> CallResult:
+    if slots is None:
+        return await _call_async(http, call)
+    queued = time.perf_counter()
+    async with slots.get(call.broker):
+        waited = time.perf_counter() - queued
+        res = await _call_async(http, call)
+    res.queued_s = waited
+    return res
+
+
+async def run_async(plan: Plan, http: AsyncHttp, slots: AsyncSlots | None = None) -> Any:
     """Run a plan on the running event loop; a round's calls run concurrently."""
     answer: Any = None
     try:
@@ -70,9 +131,10 @@ async def run_async(plan: Plan, http: AsyncHttp) -> Any:
                 await asyncio.sleep(step)
                 answer = None
             elif len(step) == 1:
-                answer = [await call_async(http, step[0])]
+                answer = [await call_async(http, step[0], slots)]
             else:
-                answer = list(await asyncio.gather(*(call_async(http, c) for c in step)))
+                answer = list(await asyncio.gather(*(call_async(http, c, slots)
+                                                     for c in step)))
     except StopIteration as stop:
         return stop.value
     finally:

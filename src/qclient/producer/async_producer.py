@@ -14,19 +14,84 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from .._models import Message, SendResult
-from ..errors import BrokerUnavailableError, InvalidMessageError, QClientError
+from ..errors import (
+    BrokerUnavailableError,
+    InvalidMessageError,
+    ProducerClosedError,
+    QClientError,
+)
 from ..fault.index import ContextIndex
 from ..routing.nameserver import AsyncNameServerClient
 from ..routing.publish_info import TopicPublishInfo
-from ..transport.http import MAX_CONNECTIONS, AsyncHttp
+from ..transport.http import AsyncHttp
 from ._background import Background
 from ._base import ProducerBase, batch_outcome
 from ._core import Item
-from ._drivers import run_async
+from ._drivers import AsyncSlots, run_async
 
 __all__ = ["AsyncProducer"]
 
 log = logging.getLogger(__name__)
+
+
+class _Coalescer:
+    """Group commit for concurrent sends: while a broker has ``limit`` requests in flight,
+    further sends bound for it wait and then leave together in one request (up to the
+    batch limits). A lone send goes at once; a ``gather`` of thousands becomes a few
+    batched requests instead of thousands of small ones competing for the broker."""
+
+    def __init__(self, producer: AsyncProducer, limit: int) -> None:
+        self._p = producer
+        self._limit = limit
+        self._pending: dict[str, list[tuple[Item, asyncio.Future[Any]]]] = {}
+        self._in_flight: dict[str, int] = {}
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    async def send(self, item: Item) -> SendResult | QClientError:
+        assert item.queue is not None
+        broker = item.queue.broker_name
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._pending.setdefault(broker, []).append((item, fut))
+        self._kick(broker)
+        result: SendResult | QClientError = await fut
+        return result
+
+    def _kick(self, broker: str) -> None:
+        cfg = self._p._cfg
+        pending = self._pending.get(broker)
+        while pending and self._in_flight.get(broker, 0) < self._limit:
+            batch: list[tuple[Item, asyncio.Future[Any]]] = []
+            size = 0
+            while pending and len(batch) < cfg.batch_max_messages:
+                s = pending[0][0].size
+                if batch and size + s > cfg.batch_max_bytes:
+                    break
+                batch.append(pending.pop(0))
+                size += s
+            self._in_flight[broker] = self._in_flight.get(broker, 0) + 1
+            task = asyncio.create_task(self._run(broker, batch))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+
+    async def _run(self, broker: str, batch: list[tuple[Item, asyncio.Future[Any]]]) -> None:
+        items = [it for it, _ in batch]
+        for i, it in enumerate(items):
+            it.index = i
+        results: list[Any]
+        try:
+            results = await run_async(self._p._core.plan_send(items), self._p._http,
+                                      self._p._slots)
+        except asyncio.CancelledError:
+            results = [ProducerClosedError("producer closed while sending")] * len(batch)
+        except Exception as exc:  # a bug must still answer every caller
+            log.exception("sending %d message(s) to %s failed", len(batch), broker)
+            results = [exc] * len(batch)
+        finally:
+            self._in_flight[broker] -= 1
+        for (_, fut), res in zip(batch, results, strict=True):
+            if not fut.done():
+                fut.set_result(res)
+        self._kick(broker)
 
 
 class AsyncProducer(ProducerBase):
@@ -60,10 +125,8 @@ class AsyncProducer(ProducerBase):
         # probes and route refreshes: the same background thread as Producer's
         self._bg = Background(self._core, cfg)
         self._route_locks: dict[str, asyncio.Lock] = {}
-        # Admission: at most this many sends run at once; the rest wait *before* their
-        # send_timeout starts. A gather of thousands then queues here instead of timing
-        # out in the connection pool or on busy brokers (which would isolate healthy ones).
-        self._admission = asyncio.Semaphore(max(1, MAX_CONNECTIONS // 2))
+        self._coalescer = _Coalescer(self, cfg.max_in_flight_per_broker)
+        self._slots = AsyncSlots(cfg.max_in_flight_per_broker)
 
     async def _info(self, topic: str) -> TopicPublishInfo:
         info = self._core.cached_route(topic)
@@ -81,9 +144,8 @@ class AsyncProducer(ProducerBase):
                         deliver_at: Any, msg_id: str | None) -> SendResult:
         self._check_open()
         wire = self._core.wire(topic, body, key, tags, properties, delay, deliver_at, msg_id)
-        item = Item(0, wire, await self._info(topic))
-        async with self._admission:
-            (result,) = await run_async(self._core.plan_send([item]), self._http)
+        info = await self._info(topic)
+        result = await self._coalescer.send(Item(0, wire, info, self._core.select(info)))
         if isinstance(result, QClientError):
             raise result
         return result
@@ -118,8 +180,7 @@ class AsyncProducer(ProducerBase):
             if w.topic not in infos:
                 infos[w.topic] = await self._info(w.topic)
         items = [Item(i, w, infos[w.topic]) for i, w in enumerate(wires)]
-        async with self._admission:
-            results = await run_async(self._core.plan_send(items), self._http)
+        results = await run_async(self._core.plan_send(items), self._http, self._slots)
         return batch_outcome(results)
 
     async def cancel(self, result: SendResult) -> bool:
@@ -131,14 +192,15 @@ class AsyncProducer(ProducerBase):
         if addr is None:
             raise BrokerUnavailableError(f"broker {result.broker_name} is in no known route",
                                          broker_name=result.broker_name)
-        async with self._admission:
-            return bool(await run_async(self._core.plan_cancel(result, addr), self._http))
+        return bool(await run_async(self._core.plan_cancel(result, addr), self._http))
 
     async def close(self, timeout: float | None = None) -> None:
         """Stop the background thread and close connections; idempotent."""
         if self._closed:
             return
         self._closed = True
+        if self._coalescer.tasks:  # sends in flight finish (each within send_timeout)
+            await asyncio.wait(list(self._coalescer.tasks), timeout=timeout)
         await asyncio.to_thread(self._bg.close)
         await self._http.aclose()
         await self._ns.aclose()

@@ -11,6 +11,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from .._models import Message, SendResult
+from .._validation import message_to_wire
 from ..errors import BrokerUnavailableError, InvalidMessageError, QClientError
 from ..fault.index import ThreadLocalIndex
 from ..routing.nameserver import NameServerClient
@@ -19,7 +20,8 @@ from ..transport.http import SyncHttp
 from ._background import Background
 from ._base import ProducerBase, batch_outcome
 from ._core import Item
-from ._drivers import run_sync
+from ._drivers import SyncSlots, run_sync
+from ._future import SendFuture
 from .sender import Sender
 
 __all__ = ["Producer"]
@@ -55,6 +57,7 @@ class Producer(ProducerBase):
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
         self._sender: Sender | None = None
+        self._slots = SyncSlots(cfg.max_in_flight_per_broker)
 
     # --- routes --------------------------------------------------------------------
 
@@ -116,7 +119,8 @@ class Producer(ProducerBase):
             if w.topic not in infos:
                 infos[w.topic] = self._info(w.topic)
         items = [Item(i, w, infos[w.topic]) for i, w in enumerate(wires)]
-        results = run_sync(self._core.plan_send(items), self._http, self._executor)
+        results = run_sync(self._core.plan_send(items), self._http, self._executor,
+                           self._slots)
         return batch_outcome(results)
 
     def send_async(self, message: Message) -> Future[SendResult]:
@@ -124,7 +128,7 @@ class Producer(ProducerBase):
         ``SendResult`` or exception. Blocks up to ``send_timeout`` while
         ``max_buffered_messages`` are buffered, then raises ``BufferFullError``."""
         self._check_open()
-        wire = self._core.wires([message])[0]
+        wire = message_to_wire(self._cfg, message)
         info = self._info(wire.topic)
         queue = self._core.select(info)
         sender = self._sender
@@ -134,7 +138,7 @@ class Producer(ProducerBase):
                 if self._sender is None:
                     self._sender = Sender(self._core, self._cfg, self._credentials)
                 sender = self._sender
-        future: Future[SendResult] = Future()
+        future: Future[SendResult] = SendFuture(sender.condition)
         sender.accumulator.append(Item(0, wire, info, queue), future, queue.broker_name,
                                   self._cfg.send_timeout)
         return future

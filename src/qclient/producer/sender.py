@@ -16,7 +16,7 @@ from .._models import SendResult
 from ..errors import ProducerClosedError, QClientError
 from ..transport.http import AsyncHttp, Credentials
 from ._core import ProducerCore
-from ._drivers import run_async
+from ._drivers import AsyncSlots, run_async
 from .message_accumulator import MessageAccumulator, ProducerBatch
 
 __all__ = ["Sender", "settle"]
@@ -47,6 +47,8 @@ class Sender:
         self.cfg = cfg
         self._credentials = credentials
         self.accumulator = MessageAccumulator(cfg, self.wakeup)
+        #: shared by every SendFuture of this producer (see _future.py)
+        self.condition = threading.Condition()
         self._completions = ThreadPoolExecutor(1, thread_name_prefix="qclient-callback")
         self._in_flight: dict[str, int] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -102,6 +104,7 @@ class Sender:
         http = AsyncHttp(content_type=self.core.content_type, credentials=self._credentials,
                          verify=self.cfg.verify)
         self._http = http
+        self._slots = AsyncSlots(self.cfg.max_in_flight_per_broker)
         self._ready.set()
         acc = self.accumulator
         try:
@@ -138,7 +141,8 @@ class Sender:
     async def _send(self, batch: ProducerBatch) -> None:
         results: list[SendResult | QClientError] | list[BaseException]
         try:
-            results = await run_async(self.core.plan_send(batch.items), self._http)
+            results = await run_async(self.core.plan_send(batch.items), self._http,
+                                      self._slots)
         except asyncio.CancelledError:
             results = [ProducerClosedError("producer closed while sending")] * len(batch.items)
         except Exception as exc:  # a bug must still settle the futures

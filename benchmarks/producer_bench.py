@@ -1,0 +1,121 @@
+"""Producer throughput: a ``send_delayed`` loop, ``send_batch``, ``send_async`` and
+``AsyncProducer`` (gather of sends, and send_batch), in one run against one
+``LocalCluster`` of 2 brokers; 100-byte bodies; msgs/s acknowledged (durable), the
+ratio to the loop, and the client's CPU time per message (all its threads).
+
+    python -m benchmarks.producer_bench [--json] [--smoke]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from qclient import AsyncProducer, LocalCluster, Message, Producer
+
+BODY = b"x" * 100
+
+
+def measure(fn: Callable[[], int]) -> dict[str, float]:
+    """Run ``fn`` (returns messages acknowledged); msgs/s and client CPU µs per message."""
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    n = fn()
+    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    return {"messages": n, "seconds": round(wall, 3), "msgs_per_s": round(n / wall, 1),
+            "cpu_us_per_msg": round(cpu / n * 1e6, 1)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true", help="print one JSON object last")
+    ap.add_argument("--smoke", action="store_true", help="tiny N")
+    ap.add_argument("--loop-seconds", type=float, default=5.0)
+    ap.add_argument("--n", type=int, default=100_000, help="messages for batch/async runs")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.ERROR, stream=sys.stderr)
+    loop_s, n = (1.0, 2000) if args.smoke else (args.loop_seconds, args.n)
+    res: dict[str, dict[str, float]] = {}
+    with LocalCluster(2, broker_expire=60.0) as cluster:
+        ns = cluster.namesrv
+        with Producer(ns) as p:
+            p.send_delayed("bench", BODY, delay=60)  # route + connections warm
+
+            def loop() -> int:
+                end, k = time.monotonic() + loop_s, 0
+                while time.monotonic() < end:
+                    p.send_delayed("bench", BODY, delay=60)
+                    k += 1
+                return k
+
+            res["send_delayed loop"] = measure(loop)
+
+            def batch() -> int:
+                msgs = [Message("bench", BODY, delay=60) for _ in range(n)]
+                for i in range(0, n, 5000):
+                    p.send_batch(msgs[i:i + 5000])
+                return n
+
+            res["send_batch"] = measure(batch)
+
+            def send_async() -> int:
+                futures = [p.send_async(Message("bench", BODY, delay=60)) for _ in range(n)]
+                p.flush()
+                bad = sum(f.exception() is not None for f in futures)
+                if bad:
+                    raise SystemExit(f"send_async: {bad} of {n} failed")
+                return n
+
+            res["send_async"] = measure(send_async)
+
+        def aio(kind: str) -> int:
+            async def run() -> int:
+                async with AsyncProducer(ns) as ap_:
+                    await ap_.send_delayed("bench", BODY, delay=60)
+                    if kind == "gather":
+                        # one task per message: fewer messages, in rounds of 1000
+                        rounds = max(1, n // 10_000)
+                        for _ in range(rounds):
+                            await asyncio.gather(*(ap_.send_delayed("bench", BODY, delay=60)
+                                                   for _ in range(1000)))
+                        return rounds * 1000
+                    msgs = [Message("bench", BODY, delay=60) for _ in range(n)]
+                    await asyncio.gather(*(ap_.send_batch(msgs[i:i + 5000])
+                                           for i in range(0, n, 5000)))
+                    return n
+
+            return asyncio.run(run())
+
+        res["AsyncProducer gather(send_delayed)"] = measure(lambda: aio("gather"))
+        res["AsyncProducer send_batch"] = measure(lambda: aio("batch"))
+    base = res["send_delayed loop"]["msgs_per_s"]
+    for r in res.values():
+        r["ratio_to_loop"] = round(r["msgs_per_s"] / base, 1)
+    print(f"{'mode':<36}{'msgs/s':>10}{'x loop':>8}{'CPU us/msg':>12}")
+    for name, r in res.items():
+        print(f"{name:<36}{r['msgs_per_s']:>10.0f}{r['ratio_to_loop']:>8.1f}"
+              f"{r['cpu_us_per_msg']:>12.1f}")
+    if args.json:
+        sa = res["send_async"]
+        out: dict[str, Any] = {
+            "smoke": args.smoke,
+            "modes": res,
+            "throughput": {k: v["msgs_per_s"] for k, v in res.items()},
+            "targets": [
+                {"name": "send_async / loop", "value": sa["ratio_to_loop"],
+                 "target": ">= 20", "met": sa["ratio_to_loop"] >= 20},
+                {"name": "send_async msgs/s (100 B)", "value": sa["msgs_per_s"],
+                 "target": ">= 30000", "met": sa["msgs_per_s"] >= 30000},
+            ],
+            "notes": ["2 brokers on the same 2-core machine as the client; delay 60 s"],
+        }
+        print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
