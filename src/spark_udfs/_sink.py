@@ -23,6 +23,7 @@ from qclient.errors import (
 )
 from qclient.protocol.wire import RETRYABLE_CODES
 
+from ._affinity import send_batch_pinned
 from ._ids import IdScope
 from ._options import SinkOptions
 
@@ -87,7 +88,7 @@ def send_with_retries(
         batch = [messages[i] for i in pending]
         failed: list[int] = []
         try:
-            results: Sequence[SendResult | QClientError] = producer.send_batch(batch)
+            results: Sequence[SendResult | QClientError] = send_batch_pinned(producer, batch)
         except BatchSendError as exc:
             results = exc.results
         except QClientError as exc:  # the whole call failed (no route, timeout, ...)

@@ -1,0 +1,240 @@
+"""Acceptance of the Spark sink against a real two-broker LocalCluster (issue 5)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from qclient import Consumer, LocalCluster, ReceivedMessage
+
+pytestmark = pytest.mark.spark
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalCluster]:
+    with LocalCluster(brokers=2) as c:
+        yield c
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def drain(namesrv: str, topic: str, done: Callable[[list[ReceivedMessage]], bool],
+          timeout: float = 60.0, quiet: float = 1.0) -> list[ReceivedMessage]:
+    """Poll until ``done(messages)``, then ``quiet`` seconds more (to catch duplicates);
+    fails at ``timeout``. Records each message's receive time in ``extra``."""
+    got: list[ReceivedMessage] = []
+    deadline = time.monotonic() + timeout
+    with Consumer(namesrv, topic, "g-" + topic) as consumer:
+        while not done(got):
+            if time.monotonic() > deadline:
+                pytest.fail(f"timed out: {len(got)} messages on {topic} "
+                            f"({len({m.msg_id for m in got})} distinct)")
+            for m in consumer.poll(1000, 0.5):
+                m.extra["received_ms"] = _now_ms()
+                got.append(m)
+        end = time.monotonic() + quiet
+        while time.monotonic() < end:
+            got.extend(consumer.poll(1000, 0.2))
+    return got
+
+
+def _write(df: Any, namesrv: str, topic: str, **options: Any) -> Any:
+    w = df.write.format("qclient").option("namesrv", namesrv).option("topic", topic)
+    for k, v in options.items():
+        w = w.option(k, str(v))
+    return w.mode("append")
+
+
+def test_batch_write_20k_delayed_rows(spark: Any, cluster: LocalCluster, topic: str) -> None:
+    from pyspark.sql import functions as F
+
+    n = 20_000
+    df = spark.range(0, n, numPartitions=4).select(
+        F.col("id").cast("string").alias("value"),
+        ((F.col("id") % 5) * 300).alias("delay_ms"),  # 0 .. 1.2 s
+    )
+    t0 = _now_ms()
+    _write(df, cluster.namesrv, topic).save()
+    got = drain(cluster.namesrv, topic, lambda ms: len({m.msg_id for m in ms}) >= n)
+    assert len({m.msg_id for m in got}) == n
+    assert sorted(int(m.body) for m in {m.msg_id: m for m in got}.values()) == list(range(n))
+    assert {m.broker_name for m in got} == {b.name for b in cluster.brokers}
+    for m in got:
+        delay = (int(m.body) % 5) * 300
+        assert m.deliver_at_ms >= t0 + delay  # scheduled no earlier than asked
+        assert m.fired_at_ms >= m.deliver_at_ms  # and not fired early
+        assert m.extra.get("received_ms", m.fired_at_ms) >= m.deliver_at_ms
+
+
+def test_same_msg_ids_twice_deliver_once(spark: Any, cluster: LocalCluster,
+                                         topic: str) -> None:
+    from pyspark.sql import functions as F
+
+    df = spark.range(0, 1000, numPartitions=2).select(
+        F.col("id").cast("string").alias("value"),
+        F.concat(F.lit("order-"), F.col("id")).alias("msg_id"),
+    )
+    _write(df, cluster.namesrv, topic).save()
+    _write(df, cluster.namesrv, topic).save()
+    got = drain(cluster.namesrv, topic, lambda ms: len(ms) >= 1000, quiet=2.0)
+    assert len(got) == 1000
+    assert {m.msg_id for m in got} == {f"order-{i}" for i in range(1000)}
+
+
+def _rate_query(spark: Any, namesrv: str, topic: str, checkpoint: Path,
+                transform: Callable[[Any], Any] = lambda df: df) -> Any:
+    from pyspark.sql import functions as F
+
+    src = (spark.readStream.format("rate").option("rowsPerSecond", 300)
+           .option("numPartitions", 2).load())
+    rows = transform(src).select(F.col("value").cast("string").alias("value"),
+                                 F.lit(200).cast("long").alias("delay_ms"))
+    return (rows.writeStream.format("qclient").option("namesrv", namesrv)
+            .option("topic", topic).option("rows_per_send", 50)
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(processingTime="500 milliseconds").start())
+
+
+def _reported(query: Any) -> int:
+    return sum(p["numInputRows"] for p in query.recentProgress)
+
+
+def _wait_for(cond: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def _assert_each_value_once(got: list[ReceivedMessage], reported: int) -> None:
+    by_value = Counter(int(m.body) for m in got)
+    assert set(range(reported)) <= set(by_value)  # every reported row delivered
+    assert max(by_value.values()) == 1  # and none twice
+
+
+def test_streaming_delivers_every_reported_row(spark: Any, cluster: LocalCluster,
+                                               topic: str, tmp_path: Path) -> None:
+    query = _rate_query(spark, cluster.namesrv, topic, tmp_path / "ck")
+    try:
+        _wait_for(lambda: _reported(query) >= 600, 60, "600 rows through the stream")
+    finally:
+        query.stop()
+    assert query.exception() is None
+    reported = _reported(query)
+    got = drain(cluster.namesrv, topic,
+                lambda ms: set(range(reported)) <= {int(m.body) for m in ms})
+    _assert_each_value_once(got, reported)
+    assert all(m.fired_at_ms >= m.deliver_at_ms for m in got)
+
+
+def test_streaming_restart_after_failure_mid_batch(spark: Any, cluster: LocalCluster,
+                                                   topic: str, tmp_path: Path) -> None:
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import LongType
+
+    marker = tmp_path / "fail-now"
+    marker.touch()
+    threshold = 450
+    marker_path = str(marker)
+
+    def fail_once(value: int) -> int:
+        import os
+
+        # Odd rows only: the even partition commits its part, the odd one dies half-way.
+        if value >= threshold and value % 2 == 1 and os.path.exists(marker_path):
+            raise RuntimeError(f"injected failure at row {value}")
+        return value
+
+    guard = F.udf(fail_once, LongType()).asNondeterministic()
+    ck = tmp_path / "ck"
+    query = _rate_query(spark, cluster.namesrv, topic, ck,
+                        lambda df: df.withColumn("value", guard("value")))
+    try:
+        _wait_for(lambda: not query.isActive, 60, "the injected failure to stop the query")
+    finally:
+        query.stop()
+    assert "injected failure" in str(query.exception())
+    first_reported = _reported(query)
+
+    marker.unlink()
+    query = _rate_query(spark, cluster.namesrv, topic, ck,
+                        lambda df: df.withColumn("value", guard("value")))
+    try:
+        _wait_for(lambda: _reported(query) >= 600, 60, "the restarted query to go on")
+    finally:
+        query.stop()
+    assert query.exception() is None
+    # Offsets continue from the checkpoint: the failed batch was replayed first.
+    reported = first_reported + _reported(query)
+    assert reported > threshold
+    got = drain(cluster.namesrv, topic,
+                lambda ms: set(range(reported)) <= {int(m.body) for m in ms})
+    _assert_each_value_once(got, reported)
+
+
+def test_pandas_udf_sends_and_returns_ids(spark: Any, cluster: LocalCluster,
+                                          topic: str) -> None:
+    from pyspark.sql import functions as F
+
+    import spark_udfs
+
+    send = spark_udfs.send_delayed_udf(cluster.namesrv, topic)
+    df = spark.range(0, 300, numPartitions=2).select(
+        F.col("id").cast("string").alias("value"), (F.col("id") % 3 * 100).alias("delay_ms"))
+    rows = df.select("value", send("value", "delay_ms").alias("r")).select(
+        "value", "r.msg_id", "r.status", "r.error").collect()
+    assert len(rows) == 300
+    assert {r.status for r in rows} == {"SEND_OK"} and {r.error for r in rows} == {None}
+    ids = {r.msg_id: r.value for r in rows}
+    assert len(ids) == 300
+    got = drain(cluster.namesrv, topic, lambda ms: len(ms) >= 300)
+    assert {m.msg_id: m.body.decode() for m in got} == ids
+
+
+def test_broker_killed_during_batch_write(spark: Any, cluster: LocalCluster,
+                                         topic: str) -> None:
+    from pyspark.sql import functions as F
+
+    n = 10_000
+    victim = cluster.brokers[0]
+    df = spark.range(0, n, numPartitions=4).select(F.col("id").cast("string").alias("value"))
+    error: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            # Spark 4.3 finds Python data sources through the thread's *active* session;
+            # a new thread has none (the default session is not enough).
+            spark._jvm.SparkSession.setActiveSession(spark._jsparkSession)
+            _write(df, cluster.namesrv, topic, rows_per_send=10).save()
+        except BaseException as exc:  # reported by the assertion below
+            error.append(exc)
+
+    writer = threading.Thread(target=run, name="spark-write")
+    writer.start()
+    try:
+        # Kill once the victim has stored (and fired) some of the rows.
+        with Consumer(cluster.namesrv, topic, "probe-" + topic) as probe:
+            deadline = time.monotonic() + 60
+            while not any(m.broker_name == victim.name for m in probe.poll(100, 0.2)):
+                assert time.monotonic() < deadline, "no row reached the victim"
+        alive_at_kill = writer.is_alive()
+        victim.kill()
+        writer.join(timeout=120)
+        assert not writer.is_alive()
+    finally:
+        if not victim.running:
+            victim.start()
+    assert error == [], f"the write failed: {error}"
+    assert alive_at_kill, "the write finished before the kill: nothing was tested"
+    cluster.wait_registered()
+    got = drain(cluster.namesrv, topic, lambda ms: len({m.msg_id for m in ms}) >= n)
+    assert sorted(int(b) for b in {m.msg_id: m.body for m in got}.values()) == list(range(n))
