@@ -31,14 +31,88 @@ def measure(fn: Callable[[], int]) -> dict[str, float]:
             "cpu_us_per_msg": round(cpu / n * 1e6, 1)}
 
 
+def encoding_bench(batch: int = 256, body: int = 100, rounds: int = 200) -> dict[str, Any]:
+    """Encode + decode one ``SendRequest`` of ``batch`` messages: JSON vs MessagePack
+    (both msgspec, typed) vs a hand-rolled binary framing (struct)."""
+    import struct
+
+    from qclient.protocol.wire import JSON, MSGPACK, SendRequest, WireMessage, decode, encode
+
+    msgs = [WireMessage(topic="orders", queue_id=i % 4, msg_id=f"{i:036x}",
+                        body=b"x" * body, key=f"k{i}", delay_ms=60_000) for i in range(batch)]
+    req = SendRequest(messages=msgs)
+    head = struct.Struct("!HHQI")
+
+    def frame_encode(r: SendRequest) -> bytes:
+        out = bytearray()
+        for m in r.messages:
+            t, i, k = m.topic.encode(), m.msg_id.encode(), (m.key or "").encode()
+            out += head.pack(len(t), len(i), m.delay_ms or 0, len(m.body))
+            out += t + i + bytes([len(k)]) + k + m.body
+        return bytes(out)
+
+    def frame_decode(data: bytes) -> list[WireMessage]:
+        pos, out, mv = 0, [], memoryview(data)
+        while pos < len(data):
+            lt, li, delay, lb = head.unpack_from(data, pos)
+            pos += head.size
+            topic = str(mv[pos:pos + lt], "utf-8")
+            pos += lt
+            mid = str(mv[pos:pos + li], "ascii")
+            pos += li
+            lk = data[pos]
+            key = str(mv[pos + 1:pos + 1 + lk], "utf-8")
+            pos += 1 + lk
+            out.append(WireMessage(topic=topic, queue_id=0, msg_id=mid,
+                                   body=bytes(mv[pos:pos + lb]), key=key, delay_ms=delay))
+            pos += lb
+        return out
+
+    codecs = {
+        "json (msgspec)": (lambda r: encode(r, JSON), lambda d: decode(d, SendRequest, JSON)),
+        "msgpack (msgspec)": (lambda r: encode(r, MSGPACK),
+                              lambda d: decode(d, SendRequest, MSGPACK)),
+        "binary framing (struct)": (frame_encode, frame_decode),
+    }
+    out: dict[str, Any] = {}
+    for name, (enc, dec) in codecs.items():
+        data = enc(req)
+        best_enc = best_dec = float("inf")
+        for _ in range(7):  # best of 7: the machine is shared, the minimum is the codec
+            t0 = time.perf_counter()
+            for _ in range(rounds):
+                enc(req)
+            t1 = time.perf_counter()
+            for _ in range(rounds):
+                dec(data)
+            t2 = time.perf_counter()
+            best_enc, best_dec = min(best_enc, t1 - t0), min(best_dec, t2 - t1)
+        n = rounds * batch
+        out[name] = {"bytes_per_msg": round(len(data) / batch, 1),
+                     "encode_us_per_msg": round(best_enc / n * 1e6, 3),
+                     "decode_us_per_msg": round(best_dec / n * 1e6, 3)}
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print one JSON object last")
     ap.add_argument("--smoke", action="store_true", help="tiny N")
     ap.add_argument("--loop-seconds", type=float, default=5.0)
     ap.add_argument("--n", type=int, default=100_000, help="messages for batch/async runs")
+    ap.add_argument("--encoding-only", action="store_true",
+                    help="only the wire-encoding comparison (no cluster)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.ERROR, stream=sys.stderr)
+    enc = encoding_bench(rounds=5 if args.smoke else 50)
+    print(f"{'batch encoding (256 x 100 B)':<28}{'B/msg':>8}{'enc us/msg':>12}{'dec us/msg':>12}")
+    for name, e in enc.items():
+        print(f"{name:<28}{e['bytes_per_msg']:>8.1f}{e['encode_us_per_msg']:>12.3f}"
+              f"{e['decode_us_per_msg']:>12.3f}")
+    if args.encoding_only:
+        if args.json:
+            print(json.dumps({"encoding": enc}))
+        return
     loop_s, n = (1.0, 2000) if args.smoke else (args.loop_seconds, args.n)
     res: dict[str, dict[str, float]] = {}
     with LocalCluster(2, broker_expire=60.0) as cluster:
@@ -105,6 +179,7 @@ def main() -> None:
         out: dict[str, Any] = {
             "smoke": args.smoke,
             "modes": res,
+            "encoding": enc,
             "throughput": {k: v["msgs_per_s"] for k, v in res.items()},
             "targets": [
                 {"name": "send_async / loop", "value": sa["ratio_to_loop"],
