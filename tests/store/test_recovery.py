@@ -283,3 +283,15 @@ def test_many_segments_roll_fire_and_rebuild_dedupe(make_store, tmp_path) -> Non
     fired = pull_all(s2, "t")
     assert sorted(int(f.msg_id[1:]) for f in fired) == list(range(500))
     assert all(len(f.body) == 100 for f in fired)
+
+
+def test_unreadable_meta_fails_open_cleanly(make_store, tmp_path) -> None:
+    from qclient.server.store import StoreError
+
+    s = make_store()
+    s.close()
+    (tmp_path / "data" / "meta.json").write_text("{not json")
+    with pytest.raises(StoreError, match="cannot open"):
+        make_store()
+    (tmp_path / "data" / "meta.json").write_text('{"version": 1, "bucket_ms": 1000}')
+    make_store()  # the failed open released the directory lock

@@ -226,28 +226,32 @@ class DelayStore:
             os.close(self._lock_fd)
             self._state = "closed"
             raise StoreError(f"data directory {d} is in use by another store") from None
-        self._read_meta()
-        self._mlog = MessageLog(d / "commitlog", cfg.segment_bytes, fsync=cfg.fsync)
-        self._slog = ScheduleLog(d / "schedule", fsync=cfg.fsync)
-        self._dlog = DispatchLog(d / "dispatch", fsync=cfg.fsync)
-        self._cl = ConsumeLogs(d / "consume", fsync=cfg.fsync)
-        self._offsets = OffsetStore(d / "offsets.json", fsync=cfg.fsync)
-        self._wheel = Wheel(self.bucket_ms)
-        self._dedupe = DedupeTable(cfg.dedupe_window_ms, cfg.dedupe_max_ids)
         t0 = time.monotonic()
+        parts: list[MessageLog | ScheduleLog | DispatchLog | ConsumeLogs] = []
         try:
+            self._read_meta()
+            self._mlog = MessageLog(d / "commitlog", cfg.segment_bytes, fsync=cfg.fsync)
+            self._slog = ScheduleLog(d / "schedule", fsync=cfg.fsync)
+            self._dlog = DispatchLog(d / "dispatch", fsync=cfg.fsync)
+            self._cl = ConsumeLogs(d / "consume", fsync=cfg.fsync)
+            parts = [self._mlog, self._slog, self._dlog, self._cl]
+            self._offsets = OffsetStore(d / "offsets.json", fsync=cfg.fsync)
+            self._wheel = Wheel(self.bucket_ms)
+            self._dedupe = DedupeTable(cfg.dedupe_window_ms, cfg.dedupe_max_ids)
             self._mlog.open()
             self._offsets.load()
             self._recover()
-        except BaseException:
-            log.exception("opening the store at %s failed", d)
-            for part in (self._mlog, self._slog, self._dlog, self._cl):
+        except BaseException as exc:
+            log.error("opening the store at %s failed: %s", d, exc)
+            for part in parts:
                 try:
                     part.close()
                 except Exception:
                     log.debug("close after failed open", exc_info=True)
             os.close(self._lock_fd)
             self._state = "closed"
+            if isinstance(exc, (OSError, ValueError)):
+                raise StoreError(f"cannot open the store at {d}: {exc}") from exc
             raise
         log.info(
             "store %s opened in %.0f ms: log end %d, %d ids remembered, %d due in wheel",
@@ -272,7 +276,11 @@ class DelayStore:
         path = self.config.data_dir / "meta.json"
         try:
             meta = json.loads(path.read_bytes())
-            stored = int(meta["bucket_ms"])
+            if not isinstance(meta, dict) or not isinstance(meta.get("bucket_ms"), int):
+                raise ValueError(f"{path} is not a store meta file")
+            stored = meta["bucket_ms"]
+            if stored <= 0:
+                raise ValueError(f"{path}: bad bucket_ms")
             if stored != self.config.bucket_ms:
                 log.warning("data dir was created with bucket_ms=%d; keeping it", stored)
             self.bucket_ms = stored
