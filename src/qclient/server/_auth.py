@@ -288,10 +288,6 @@ class Authorizer:
         return {"accounts": len(self.accounts), "refused": dict(self.refused),
                 "nonces": len(self._nonces)}
 
-    def signing_account(self) -> Account:
-        """The credentials a broker signs its heartbeats with."""
-        return self.broker or next(iter(self.accounts.values()))
-
 
 def auth_middleware(authorizer: Authorizer, *, paths: Iterable[str] | None = None,
                     accounts: Mapping[str, Account] | None = None) -> Any:
