@@ -295,3 +295,35 @@ def test_unreadable_meta_fails_open_cleanly(make_store, tmp_path) -> None:
         make_store()
     (tmp_path / "data" / "meta.json").write_text('{"version": 1, "bucket_ms": 1000}')
     make_store()  # the failed open released the directory lock
+
+
+def test_old_segments_are_removed_once_nothing_needs_them(make_store, tmp_path) -> None:
+    cfg = {
+        "segment_bytes": 4096,
+        "bucket_ms": 100,
+        "load_ahead_ms": 50,
+        "checkpoint_interval_ms": 50,
+        "retain_fired_ms": 0,
+        "dedupe_window_ms": 0,
+    }
+    s = make_store(**cfg)
+    commitlog = tmp_path / "data" / "commitlog"
+    now = wall_clock_ms()
+    for i in range(0, 300, 30):
+        s.submit([msg(j, now + j) for j in range(i, i + 30)]).result(10)
+    assert len(list(commitlog.iterdir())) > 10
+    wait_until(lambda: visible(s, "t") == 300)
+    wait_until(lambda: len(list(commitlog.iterdir())) == 1, timeout=10)  # the active one
+    assert len(pull_all(s, "t")) == 300  # the consume logs hold their own copies
+    # a far-future message pins its segment (and the ones after it)
+    later = wall_clock_ms() + 1500
+    s.submit([msg(1000, later)]).result(10)
+    s.submit([msg(j, now) for j in range(1001, 1100)]).result(10)  # rolls more segments
+    wait_until(lambda: visible(s, "t") == 399)
+    time.sleep(0.3)
+    st = s.stats()
+    assert st["segments_removed"] > 10
+    s.close()
+    s2 = make_store(**cfg)
+    wait_until(lambda: visible(s2, "t") == 400, timeout=10)
+    assert "m1000" in {f.msg_id for f in pull_all(s2, "t")}

@@ -13,6 +13,7 @@ import bisect
 import logging
 import os
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -37,6 +38,7 @@ class MessageLog:
         self._read_fds: dict[int, int] = {}
         self._rlock = threading.Lock()
         self._wfd: int | None = None
+        self._graveyard: list[tuple[float, int]] = []  # reader fds of deleted segments
         self.end = 0  # next write position
 
     # --- open / recovery -----------------------------------------------------------
@@ -60,6 +62,9 @@ class MessageLog:
 
     def _path(self, base: int) -> Path:
         return self.dir / f"{base:020d}{SUFFIX}"
+
+    def segment_path(self, base: int) -> Path:
+        return self._path(base)
 
     def _create(self, base: int) -> int:
         fd = os.open(self._path(base), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_EXCL, 0o644)
@@ -151,7 +156,8 @@ class MessageLog:
             os.fdatasync(self._wfd)
         os.close(self._wfd)
         self._wfd = self._create(self.end)
-        self._bases.append(self.end)
+        with self._rlock:  # copy-on-write: readers bisect a list that never changes
+            self._bases = [*self._bases, self.end]
 
     def sync(self) -> None:
         if self.fsync and self._wfd is not None:
@@ -175,12 +181,50 @@ class MessageLog:
             os.close(fd)
 
     def read(self, position: int, size: int) -> bytes:
-        """The ``size`` bytes at ``position`` (short if beyond the end)."""
-        i = bisect.bisect_right(self._bases, position) - 1
+        """The ``size`` bytes at ``position`` (short if beyond the end or deleted)."""
+        bases = self._bases
+        i = bisect.bisect_right(bases, position) - 1
         if i < 0:
             return b""
-        base = self._bases[i]
-        return os.pread(self._reader(base), size, position - base)
+        base = bases[i]
+        try:
+            return os.pread(self._reader(base), size, position - base)
+        except FileNotFoundError:
+            return b""  # deleted by retention meanwhile
+
+    @property
+    def first_position(self) -> int:
+        return self._bases[0]
+
+    def segment_bounds(self) -> list[tuple[int, int]]:
+        """(base, end) of every sealed segment (all but the active one), oldest first."""
+        bases = self._bases
+        return [(bases[i], bases[i + 1]) for i in range(len(bases) - 1)]
+
+    def delete_segments_before(self, position: int) -> int:
+        """Delete the sealed segments that end at or before ``position``; returns how many.
+        Their reader fds stay open a minute (a concurrent pread never sees a reused fd)."""
+        now = time.monotonic()
+        with self._rlock:
+            bases = self._bases
+            k = 0
+            while k + 1 < len(bases) and bases[k + 1] <= position:
+                k += 1
+            doomed = bases[:k]
+            if doomed:
+                self._bases = bases[k:]
+                self._graveyard.extend(
+                    (now, self._read_fds.pop(b)) for b in doomed if b in self._read_fds
+                )
+            old = [fd for t, fd in self._graveyard if now - t > 60]
+            self._graveyard = [(t, fd) for t, fd in self._graveyard if now - t <= 60]
+        for fd in old:
+            os.close(fd)
+        for b in doomed:
+            self._path(b).unlink(missing_ok=True)
+        if doomed and self.fsync:
+            fsync_dir(self.dir)
+        return len(doomed)
 
     def read_record(self, position: int, size: int = 0) -> rec.Record | None:
         """Decode the record at ``position`` (``size`` 0: unknown); None if invalid."""
@@ -201,7 +245,8 @@ class MessageLog:
             self._wfd = None
         with self._rlock:
             fds, self._read_fds = self._read_fds, {}
-        for fd in fds.values():
+            graves, self._graveyard = self._graveyard, []
+        for fd in [*fds.values(), *(fd for _, fd in graves)]:
             os.close(fd)
 
 

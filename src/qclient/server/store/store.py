@@ -51,9 +51,10 @@ thread (e.g. the asyncio loop decoding a big batch) can delay it up to ~5 ms; se
 ``sys.setswitchinterval(0.001)`` in the broker process trades a little throughput for
 lower p99 lateness. The store does not change it (it is process-global).
 
-Not done: retention of message-log segments and consume logs (kept forever); a record is
-limited to 16 MiB and the log to 1 TiB (wheel entry packing); each consume queue keeps
-two fds open.
+Retention: message-log segments are removed oldest first once nothing needs them (see
+``_retain_segments``; one long-delayed message pins the segments after it). Not done:
+consume-log retention (kept forever); a record is limited to 16 MiB and the log to 1 TiB
+(wheel entry packing); each consume queue keeps two fds open.
 """
 
 from __future__ import annotations
@@ -185,6 +186,7 @@ class DelayStore:
         self._pending = 0
         self._pending_bytes = 0
         self._orphans: dict[int, float] = {}  # cleaned bucket -> wall time to drop its dispatch
+        self._bucket_first: dict[int, int] = {}  # bucket -> lowest log position it refers to
         self._inflight: dict[str, _Entry] = {}
         self._sched = threading.Lock()
         self._fire_cv = threading.Condition(self._sched)
@@ -352,7 +354,12 @@ class DelayStore:
         except (ValueError, KeyError, TypeError):
             log.error("unreadable checkpoint.json: replaying the whole message log")
         replay_from = min(replay_from, mlog.end)
-        self._wheel.unloaded.update(self._slog.recover())
+        buckets = self._slog.recover()
+        self._wheel.unloaded.update(buckets)
+        for b in buckets:
+            head = self._slog.read(b, ENTRY.size)
+            if head:
+                self._bucket_first[b] = min(ENTRY.unpack(head)[1], replay_from)
         for b in self._dlog.recover():
             if not self._slog.size(b):  # bucket cleaned before the stop: orphan
                 mt = self._dlog.mtime(b) or time.time()
@@ -609,8 +616,13 @@ class DelayStore:
             bufs: dict[int, list[bytes]] = collections.defaultdict(list)
             notify = False
             with self._sched:
+                first = self._bucket_first
                 for pos, size, kind, deliver_at, ref in items[i : i + _LOCK_CHUNK]:
                     b = deliver_at // self.bucket_ms
+                    p = pos if kind == _MSG else ref
+                    fp = first.get(b)
+                    if fp is None or p < fp:
+                        first[b] = p
                     if kind == _MSG:
                         bufs[b].append(ENTRY.pack(deliver_at, pos, size, _MSG))
                         if w.is_loaded(b):
@@ -856,13 +868,37 @@ class DelayStore:
                     and st.max_pos < self._ckpt_written
                 ):
                     self._slog.remove(b)
+                    self._bucket_first.pop(b, None)
                     if self._dlog.size(b):
                         self._dlog.touch(b)
                         self._orphans[b] = time.time() + self.config.dedupe_window_ms / 1000
                     w.drop(b)
                     removed += 1
             self._sweep_orphans()
+            pins = [self._ckpt_written, *self._bucket_first.values()]
         self._stats["buckets_removed"] += removed
+        self._retain_segments(min(pins))
+
+    def _retain_segments(self, limit: int) -> None:
+        """Delete the oldest message-log segments that nothing needs any more: wholly
+        before the replay checkpoint and every schedule file's lowest position, and not
+        written within the dedupe window (ids there can still be looked up). Prefix only:
+        one long-delayed message keeps every later segment (QMQ copies messages into its
+        schedule log to avoid that; future work)."""
+        cutoff_s = (self._clock() - self.config.dedupe_window_ms) / 1000
+        for base, end in self._mlog.segment_bounds():
+            if end > limit:
+                break
+            try:
+                if os.path.getmtime(self._mlog.segment_path(base)) >= cutoff_s:
+                    limit = base
+                    break
+            except FileNotFoundError:
+                continue
+        n = self._mlog.delete_segments_before(limit)
+        if n:
+            self._stats["segments_removed"] += n
+            log.info("message log: removed %d old segment(s) before position %d", n, limit)
 
     def _sweep_orphans(self) -> None:
         """Remove dispatch files whose bucket was cleaned more than a dedupe window ago
