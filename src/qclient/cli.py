@@ -164,7 +164,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(messages=args.messages, spread=args.spread, brokers=args.brokers)
 
 
-def _credentials(args: argparse.Namespace) -> dict[str, str | None]:
+def _credentials(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "access_key": args.access_key or os.environ.get("QCLIENT_ACCESS_KEY"),
         "secret_key": args.secret_key or os.environ.get("QCLIENT_SECRET_KEY"),

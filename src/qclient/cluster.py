@@ -7,6 +7,7 @@ started them (even if it is killed), and leaving the ``with`` block stops them a
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
@@ -277,11 +278,12 @@ class LocalCluster:
         """Wait until every name server lists the brokers (all by default)."""
         want = set(names) if names is not None else {b.name for b in self.brokers}
         for ns in self.namesrv_nodes:
-            _wait(lambda ns=ns: want <= self.registered(ns), timeout or self.startup_timeout,
+            _wait(functools.partial(lambda n: want <= self.registered(n), ns),
+                  timeout or self.startup_timeout,
                   f"brokers {sorted(want)} to register with {ns.addr}")
 
     def wait_unregistered(self, name: str, timeout: float = 30.0) -> None:
         """Wait until no name server lists the broker (stopped, or heartbeats expired)."""
         for ns in self.namesrv_nodes:
-            _wait(lambda ns=ns: name not in self.registered(ns), timeout,
+            _wait(functools.partial(lambda n: name not in self.registered(n), ns), timeout,
                   f"broker {name} to leave {ns.addr}")

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import re
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -125,7 +126,7 @@ def create_app(config: NameServerConfig) -> web.Application:
             await asyncio.sleep(interval)
             table.expire()
 
-    async def lifecycle(app: web.Application):  # type: ignore[no-untyped-def]
+    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         task = asyncio.create_task(expiry_loop(app))
         yield
         task.cancel()
