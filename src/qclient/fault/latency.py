@@ -56,6 +56,23 @@ class LatencyFaultTolerance:
         self._items: dict[str, FaultItem] = {}
         self._lock = threading.Lock()
         self.timer = timer
+        # cheap "everything healthy" test for the hot path: no item isolated past this
+        # time, and no item unreachable (kept conservative: a stale True costs only the
+        # slow path once)
+        self._isolated_until = 0.0
+        self._any_unreachable = False
+
+    def _note(self, item: FaultItem) -> None:
+        if item.start_timestamp > self._isolated_until:
+            self._isolated_until = item.start_timestamp
+        if not item.reachable:
+            self._any_unreachable = True
+        elif self._any_unreachable:
+            self._any_unreachable = any(not i.reachable for i in list(self._items.values()))
+
+    def all_healthy(self) -> bool:
+        """True when no broker is isolated or unreachable (no allocation, no lock)."""
+        return not self._any_unreachable and self.timer() >= self._isolated_until
 
     def update_fault_item(self, name: str, current_latency: float,
                           not_available_duration: float, reachable: bool) -> None:
@@ -75,6 +92,7 @@ class LatencyFaultTolerance:
             item.reachable = reachable
             if not reachable:
                 log.info("broker %s is unreachable; not used until it is reachable", name)
+        self._note(item)
 
     def is_available(self, name: str) -> bool:
         item = self._items.get(name)
@@ -106,6 +124,7 @@ class LatencyFaultTolerance:
         with self._lock:
             if self._items.pop(name, None) is not None:
                 log.info("broker %s left the route; fault item dropped", name)
+            self._any_unreachable = any(not i.reachable for i in self._items.values())
 
     def snapshot(self) -> list[FaultItemSnapshot]:
         now = self.timer()
@@ -149,10 +168,12 @@ class LatencyFaultTolerance:
                     log.info("broker %s answers its health probe; back in use", item.name)
                 item.reachable = True
                 item.start_timestamp = min(item.start_timestamp, now)
+                self._note(item)
             else:
                 if item.reachable:
                     log.info("broker %s fails its health probe; unreachable", item.name)
                 item.reachable = False
                 # stay isolated at least until the next probe has had its chance
                 item.start_timestamp = max(item.start_timestamp, now + interval + timeout)
+                self._note(item)
         return probes

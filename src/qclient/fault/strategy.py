@@ -76,9 +76,12 @@ class MQFaultStrategy:
             index.reset()
         idx = index.increment_and_get()
         if self.send_latency_fault_enable:
-            unavailable, unreachable = self.latency_fault_tolerance.unhealthy()
-            if last_broker is None and not unavailable:
+            lft = self.latency_fault_tolerance
+            if last_broker is None and lft.all_healthy():
                 return queues[idx % len(queues)]  # the hot path: everything healthy
+            unavailable, unreachable = lft.unhealthy()
+            if last_broker is None and not unavailable:
+                return queues[idx % len(queues)]
             tier = [q for q in queues
                     if q.broker_name != last_broker and q.broker_name not in unavailable]
             if tier:

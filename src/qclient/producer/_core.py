@@ -275,8 +275,13 @@ class ProducerCore:
                reset_index: bool = False) -> MessageQueue:
         return self.strategy.select_one_message_queue(info, last_broker, reset_index)
 
-    def plan_send(self, items: list[Item], *, deadline: float | None = None) -> Plan:
-        """Send ``items``; returns results in input order (a ``QClientError`` per failure)."""
+    def plan_send(self, items: list[Item], *, deadline: float | None = None,
+                  one_chunk: bool = False) -> Plan:
+        """Send ``items``; returns results in input order (a ``QClientError`` per failure).
+
+        ``one_chunk``: the items are already one chunk for one broker, queues assigned
+        (the accumulator's batches): the first round sends them as they are.
+        """
         results: list[SendResult | QClientError | None] = [None] * len(items)
         if deadline is None:
             deadline = time.monotonic() + self.cfg.send_timeout
@@ -293,7 +298,14 @@ class ProducerCore:
                 attempt = state.attempt_number
                 if attempt > 1:
                     self.stats.retry(len(pending))
-                calls = self._calls(pending, attempt, deadline)
+                if one_chunk and attempt == 1:
+                    first = pending[0].queue
+                    assert first is not None
+                    calls = [self._call(first.broker_name,
+                                        pending[0].info.broker_addrs[first.broker_name], pending,
+                                        self.attempt_timeout(1, deadline))]
+                else:
+                    calls = self._calls(pending, attempt, deadline)
                 outcomes: list[CallResult] = yield calls
                 queued = max((o.queued_s for o in outcomes), default=0.0)
                 if queued > 0:  # client-side queueing is not the brokers' time
@@ -405,10 +417,11 @@ class ProducerCore:
                 self._fail(items, err, broker, True, results, retry)
                 continue
             broker_error = False
+            ok = SendStatus.SEND_OK
             for it, r in zip(items, answer.results, strict=True):
                 if r.status == SEND_OK:
-                    results[it.index] = SendResult(r.msg_id, SendStatus.SEND_OK, broker,
-                                                   r.queue_id, r.deliver_at_ms, it.wire.topic)
+                    results[it.index] = SendResult(r.msg_id, ok, broker, r.queue_id,
+                                                   r.deliver_at_ms, it.wire.topic)
                     continue
                 err = error_for_code(r.status, r.error or "", broker=broker,
                                      topic=it.wire.topic)

@@ -79,8 +79,9 @@ class _Coalescer:
             it.index = i
         results: list[Any]
         try:
-            results = await run_async(self._p._core.plan_send(items), self._p._http,
-                                      self._p._slots)
+            # one broker, at most the batch limits, queues chosen: one chunk as it is
+            results = await run_async(self._p._core.plan_send(items, one_chunk=True),
+                                      self._p._http, self._p._slots)
         except asyncio.CancelledError:
             results = [ProducerClosedError("producer closed while sending")] * len(batch)
         except Exception as exc:  # a bug must still answer every caller
@@ -145,7 +146,9 @@ class AsyncProducer(ProducerBase):
         self._check_open()
         wire = self._core.wire(topic, body, key, tags, properties, delay, deliver_at, msg_id)
         info = await self._info(topic)
-        result = await self._coalescer.send(Item(0, wire, info, self._core.select(info)))
+        queue = self._core.select(info)
+        wire.queue_id = queue.queue_id
+        result = await self._coalescer.send(Item(0, wire, info, queue))
         if isinstance(result, QClientError):
             raise result
         return result

@@ -139,6 +139,7 @@ class Producer(ProducerBase):
                     self._sender = Sender(self._core, self._cfg, self._credentials)
                 sender = self._sender
         future: Future[SendResult] = SendFuture(sender.condition)
+        wire.queue_id = queue.queue_id
         sender.accumulator.append(Item(0, wire, info, queue), future, queue.broker_name,
                                   self._cfg.send_timeout)
         return future

@@ -141,8 +141,8 @@ class Sender:
     async def _send(self, batch: ProducerBatch) -> None:
         results: list[SendResult | QClientError] | list[BaseException]
         try:
-            results = await run_async(self.core.plan_send(batch.items), self._http,
-                                      self._slots)
+            results = await run_async(self.core.plan_send(batch.items, one_chunk=True),
+                                      self._http, self._slots)
         except asyncio.CancelledError:
             results = [ProducerClosedError("producer closed while sending")] * len(batch.items)
         except Exception as exc:  # a bug must still settle the futures
