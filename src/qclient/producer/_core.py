@@ -181,8 +181,11 @@ class Stats:
                     "requests": self.requests, "brokers": brokers}
 
 
-def _stop_at_deadline(state: tenacity.RetryCallState) -> bool:
-    return time.monotonic() + MIN_ATTEMPT >= state.kwargs["deadline"]
+class _StopAtDeadline(tenacity.stop.stop_base):
+    """Stop when the send's budget (``kwargs["deadline"]``) has no attempt left in it."""
+
+    def __call__(self, retry_state: tenacity.RetryCallState) -> bool:
+        return time.monotonic() + MIN_ATTEMPT >= retry_state.kwargs["deadline"]
 
 
 def _no_sleep(_seconds: float) -> None:  # the drivers sleep, not tenacity
@@ -205,7 +208,7 @@ class ProducerCore:
         # The retry policy: 1 + retry_times attempts inside one send_timeout budget,
         # jittered exponential pauses (a few ms: the next attempt goes to another broker).
         self.retrying = tenacity.Retrying(
-            stop=tenacity.stop_after_attempt(cfg.times_total) | _stop_at_deadline,
+            stop=tenacity.stop_after_attempt(cfg.times_total) | _StopAtDeadline(),
             wait=tenacity.wait_random_exponential(multiplier=0.005, max=0.1),
             retry=tenacity.retry_if_exception_type(_Round),
             reraise=True, sleep=_no_sleep)
@@ -330,9 +333,9 @@ class ProducerCore:
         failed = sum(isinstance(r, QClientError) for r in results)
         self.stats.done(len(results) - failed, failed)
         if failed and log.isEnabledFor(logging.WARNING):
-            first = next(r for r in results if isinstance(r, QClientError))
+            first_error = next(r for r in results if isinstance(r, QClientError))
             log.warning("%d of %d message(s) failed after %d attempt(s): %s", failed,
-                        len(results), state.attempt_number, first)
+                        len(results), state.attempt_number, first_error)
         return results
 
     def attempt_timeout(self, attempt: int, deadline: float) -> float:

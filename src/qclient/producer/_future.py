@@ -25,7 +25,7 @@ __all__ = ["SendFuture"]
 _DONE = (CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED)
 
 
-class SendFuture(Future):  # type: ignore[type-arg]
+class SendFuture(Future):
     """A ``concurrent.futures.Future[SendResult]`` on a shared condition."""
 
     def __init__(self, condition: threading.Condition) -> None:  # no super(): no Condition

@@ -10,10 +10,11 @@ import logging
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
 from .._config import ProducerConfig
 from .._models import SendResult
-from ..errors import ProducerClosedError, QClientError
+from ..errors import ProducerClosedError
 from ..transport.http import AsyncHttp, Credentials
 from ._core import ProducerCore
 from ._drivers import AsyncSlots, run_async
@@ -139,7 +140,7 @@ class Sender:
             self._event.set()  # the loop re-checks: more room in flight, or time to stop
 
     async def _send(self, batch: ProducerBatch) -> None:
-        results: list[SendResult | QClientError] | list[BaseException]
+        results: list[Any]
         try:
             results = await run_async(self.core.plan_send(batch.items, one_chunk=True),
                                       self._http, self._slots)
