@@ -355,7 +355,8 @@ class DelayStore:
             log.error("unreadable checkpoint.json: replaying the whole message log")
         replay_from = min(replay_from, mlog.end)
         buckets = self._slog.recover()
-        self._wheel.unloaded.update(buckets)
+        for b in buckets:
+            self._wheel.add_unloaded(b)
         for b in buckets:
             head = self._slog.read(b, ENTRY.size)
             if head:
@@ -628,7 +629,7 @@ class DelayStore:
                         if w.is_loaded(b):
                             notify |= w.push(deliver_at, pos, size)
                         else:
-                            w.unloaded.add(b)
+                            w.add_unloaded(b)
                             wake_loader |= deliver_at <= horizon
                     elif kind == _CANCEL:
                         bufs[b].append(ENTRY.pack(deliver_at, ref, size, _CANCEL))
@@ -636,7 +637,7 @@ class DelayStore:
                         if w.is_loaded(b):
                             w.note_position(b, pos)
                         else:
-                            w.unloaded.add(b)
+                            w.add_unloaded(b)
                 for b, chunks in bufs.items():
                     self._slog.append(b, b"".join(chunks))
                 if i + _LOCK_CHUNK >= len(items):
@@ -662,14 +663,14 @@ class DelayStore:
         w = self._wheel
         with self._sched:
             target = (self._clock() + self.config.load_ahead_ms) // self.bucket_ms
-            cands = [b for b in w.unloaded if b <= target]
-            if not cands:
+            first = w.earliest_unloaded()
+            if first is None or first > target:
                 if target > w.loaded_upto:
                     w.loaded_upto = target
                     w.loaded_extra = {x for x in w.loaded_extra if x > target}
                 return False
-            b = min(cands)
-            w.unloaded.discard(b)
+            b = first
+            w.take_unloaded(b)
             w.loading = b
             cursor = self._slog.size(b)
         try:
@@ -678,7 +679,7 @@ class DelayStore:
         except BaseException:
             with self._sched:
                 w.loading = None
-                w.unloaded.add(b)
+                w.add_unloaded(b)
             raise
         with self._sched:
             st = w.state_for(b)

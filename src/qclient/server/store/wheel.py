@@ -48,6 +48,7 @@ class Wheel:
         self.loaded_extra: set[int] = set()  # loaded buckets > loaded_upto
         self.loading: int | None = None
         self.unloaded: set[int] = set()  # buckets > loaded_upto with entries on disk
+        self._unloaded_heap: list[int] = []  # the same, for the earliest (lazy deletion)
         self.state: dict[int, BucketState] = {}
         self.cancelled: dict[int, set[int]] = {}  # bucket -> cancelled positions
         # popped, not yet in the dispatch log (small: one sync group); with the dispatch
@@ -60,6 +61,21 @@ class Wheel:
 
     def is_loaded(self, b: int) -> bool:
         return b <= self.loaded_upto or b == self.loading or b in self.loaded_extra
+
+    def add_unloaded(self, b: int) -> None:
+        if b not in self.unloaded:
+            self.unloaded.add(b)
+            heapq.heappush(self._unloaded_heap, b)
+
+    def earliest_unloaded(self) -> int | None:
+        """The earliest bucket waiting to be loaded (O(log n), no scan)."""
+        h = self._unloaded_heap
+        while h and h[0] not in self.unloaded:
+            heapq.heappop(h)  # loaded meanwhile
+        return h[0] if h else None
+
+    def take_unloaded(self, b: int) -> None:
+        self.unloaded.discard(b)
 
     def state_for(self, b: int) -> BucketState:
         st = self.state.get(b)
