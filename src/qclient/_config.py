@@ -12,6 +12,7 @@ __all__ = ["DEFAULT_MAX_DELAY", "ProducerConfig", "parse_addrs"]
 
 #: the broker's default maximum delay; validated before the network with the same bound
 DEFAULT_MAX_DELAY = timedelta(days=40)
+_MS = timedelta(milliseconds=1)
 
 
 def parse_addrs(namesrv: str | Sequence[str]) -> tuple[str, ...]:
@@ -67,8 +68,6 @@ class ProducerConfig:
     not_available_ms: tuple[int, ...] = (0, 0, 2000, 5000, 6000, 10000, 30000)
     #: an isolating failure is looked up in the table as this much latency
     isolation_latency_ms: int = 10000
-    #: ``max_delay`` in ms, derived (read on every send)
-    max_delay_ms: int = field(init=False, repr=False, compare=False, default=0)
 
     def __post_init__(self) -> None:
         def positive(name: str, allow_zero: bool = False) -> None:
@@ -95,7 +94,6 @@ class ProducerConfig:
             raise ValueError("latency_max_ms and not_available_ms must have the same length")
         if not isinstance(self.max_delay, timedelta) or self.max_delay <= timedelta(0):
             raise ValueError(f"max_delay must be a positive timedelta, got {self.max_delay!r}")
-        object.__setattr__(self, "max_delay_ms", int(self.max_delay.total_seconds() * 1000))
 
     @classmethod
     def create(cls, namesrv: str | Sequence[str], **options: Any) -> ProducerConfig:
@@ -112,6 +110,10 @@ class ProducerConfig:
     @property
     def times_total(self) -> int:
         return 1 + self.retry_times
+
+    @property
+    def max_delay_ms(self) -> int:
+        return self.max_delay // _MS
 
     @property
     def signing(self) -> bool:
