@@ -60,3 +60,38 @@ def test_fault_tolerance_off_pays_every_time() -> None:
         for _ in range(8):
             p.send("t", b"y")
         assert time.monotonic() - t0 < 0.6 + 0.5  # at most one more timed-out attempt
+
+
+def test_send_failure_refreshes_route_at_once() -> None:
+    with fake_cluster() as (ns, (a, _b)), Producer(ns.addr, route_refresh_interval=30.0,
+                                                   start_detector_enable=False) as p:
+        p.send("t", b"warm")
+        calls = ns.calls
+        a.mode = "busy"  # 503 BROKER_BUSY: a retryable broker error
+        for _ in range(8):
+            assert p.send("t", b"x").broker_name == "broker-b"
+        assert wait_until(lambda: ns.calls > calls, 3.0)  # not after 30 s
+
+
+def test_async_producer_hung_broker_bounded_per_send() -> None:
+    import asyncio
+
+    from qclient import AsyncProducer
+
+    async def main(addr: str) -> list[float]:
+        async with AsyncProducer(addr, send_timeout=3.0) as ap:
+            await ap.send("t", b"warm")
+            out = []
+            for i in range(30):
+                t0 = time.monotonic()
+                r = await ap.send_delayed("t", f"m{i}", delay=1)
+                out.append(time.monotonic() - t0)
+                assert r.broker_name == "broker-b"
+            return out
+
+    with fake_cluster() as (ns, (a, _b)):
+        a.mode = "hang"
+        took = asyncio.run(main(ns.addr))
+        a.release.set()
+    assert max(took) < 1.5, max(took)
+    assert sum(t > 0.5 for t in took) <= 1
