@@ -708,29 +708,38 @@ class DelayStore:
 
     # ------------------------------------------------------------------ firing
     def _fire_loop(self) -> None:
-        w = self._wheel
-        while True:
-            with self._fire_cv:
-                while True:
-                    if self._stop_fire:
-                        return
-                    now = self._clock()
-                    due = w.pop_due(now, _FIRE_BATCH)
-                    if due:
-                        break
-                    nxt = w.next_due()
-                    timeout = _MAX_WAIT_S if nxt is None else min(_MAX_WAIT_S, (nxt - now) / 1000)
-                    if timeout > 0:
-                        self._fire_cv.wait(timeout)
+        while not self._stop_fire:
             try:
-                self._fire(due, now)
-            except Exception:
-                log.exception("firing %d messages failed; they will be retried", len(due))
+                self._fire_step()
+            except Exception:  # a bug must not silently stop all firing
+                log.exception("firing loop error")
                 self._stats["fire_errors"] += 1
-                with self._sched:
-                    for d, pos, size in due:
-                        w.unfire(d, pos, size)
                 time.sleep(0.1)
+
+    def _fire_step(self) -> None:
+        """Wait until something is due (or a sooner entry arrives), then fire it."""
+        w = self._wheel
+        with self._fire_cv:
+            while True:
+                if self._stop_fire:
+                    return
+                now = self._clock()
+                due = w.pop_due(now, _FIRE_BATCH)
+                if due:
+                    break
+                nxt = w.next_due()
+                timeout = _MAX_WAIT_S if nxt is None else min(_MAX_WAIT_S, (nxt - now) / 1000)
+                if timeout > 0:
+                    self._fire_cv.wait(timeout)
+        try:
+            self._fire(due, now)
+        except Exception:
+            log.exception("firing %d messages failed; they will be retried", len(due))
+            self._stats["fire_errors"] += 1
+            with self._sched:
+                for d, pos, size in due:
+                    w.unfire(d, pos, size)
+            time.sleep(0.1)
 
     def _fire(self, due: list[tuple[int, int, int]], now: int) -> None:
         fired_at = max(now, self._clock())
