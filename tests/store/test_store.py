@@ -368,3 +368,24 @@ def test_many_buckets_more_than_open_files(make_store, tmp_path) -> None:
     clock.advance(5000)  # past the last deliver time (1000 + 299 * 7)
     wait_until(lambda: visible(s2, "t") == 300)
     assert len({f.msg_id for f in pull_all(s2, "t")}) == 300
+
+
+def test_fire_failure_is_retried_without_loss_or_duplicates(make_store, monkeypatch) -> None:
+    from qclient.server.store.consume_log import ConsumeQueue
+
+    s = make_store()
+    orig = ConsumeQueue.append
+    failures = []
+
+    def flaky(self, items):
+        if not failures:
+            failures.append(1)
+            raise OSError(28, "No space left on device")
+        return orig(self, items)
+
+    monkeypatch.setattr(ConsumeQueue, "append", flaky)
+    now = wall_clock_ms()
+    s.submit([msg(i, now, topic="f") for i in range(8)]).result(10)
+    wait_until(lambda: visible(s, "f") == 8)
+    assert failures and s.stats()["fire_errors"] >= 1
+    assert Counter(f.msg_id for f in pull_all(s, "f")) == {f"m{i}": 1 for i in range(8)}
