@@ -83,6 +83,7 @@ PRODUCER_OPTIONS: dict[str, Callable[[str, Any], Any]] = {
 SINK_DEFAULTS: dict[str, Any] = {
     "topic": None,  # required unless every row has a `topic` value
     "rows_per_send": 1000,  # rows handed to one Producer.send_batch call
+    "max_in_flight": 2,  # send_batch calls of one partition running at once
     "write_retries": 2,  # re-sends of rows a send_batch could not place
     "retry_backoff": 0.2,  # seconds before the first re-send, doubled each round
     "on_error": "fail",  # "fail" the task, or "skip" (count, log, go on)
@@ -94,6 +95,7 @@ SINK_DEFAULTS: dict[str, Any] = {
 _SINK_CONVERTERS: dict[str, Callable[[str, Any], Any]] = {
     "topic": _str,
     "rows_per_send": _int,
+    "max_in_flight": _int,
     "write_retries": _int,
     "retry_backoff": _float,
     "on_error": _str,
@@ -177,6 +179,7 @@ class SinkOptions:
     topic: str | None
     producer_kwargs: dict[str, Any] = field(default_factory=dict)
     rows_per_send: int = 1000
+    max_in_flight: int = 2
     write_retries: int = 2
     retry_backoff: float = 0.2
     on_error: str = "fail"
@@ -249,12 +252,15 @@ def parse_options(options: Mapping[str, Any], *, require_topic: bool = False) ->
         raise OptionError(f"option 'on_error' must be 'fail' or 'skip', got {sink['on_error']!r}")
     if sink["rows_per_send"] < 1:
         raise OptionError("option 'rows_per_send' must be at least 1")
+    if sink["max_in_flight"] < 1:
+        raise OptionError("option 'max_in_flight' must be at least 1")
     if sink["write_retries"] < 0:
         raise OptionError("option 'write_retries' must be 0 or more")
     return SinkOptions(
         topic=sink["topic"],
         producer_kwargs=producer_kwargs,
         rows_per_send=sink["rows_per_send"],
+        max_in_flight=sink["max_in_flight"],
         write_retries=sink["write_retries"],
         retry_backoff=sink["retry_backoff"],
         on_error=on_error,

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
+from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
 from qclient._models import Message, SendResult
@@ -193,99 +194,163 @@ class PartitionSender:
 
     def messages(self, batch: pa.RecordBatch) -> list[Message]:
         """The batch's rows as messages; ids derived from the row position when not given."""
+        import pyarrow.compute as pc
+
         n = batch.num_rows
         start = self._position
         self._position += n
-        values = _column(batch, "value")
-        if values is None:
+        schema = batch.schema
+        idx = schema.get_field_index("value")
+        if idx < 0:
             raise SinkSchemaError("the DataFrame needs a 'value' column (string or binary)")
-        keys = _column(batch, "key")
-        topics = _column(batch, "topic")
-        tags = _column(batch, "tags")
-        props = _column(batch, "properties")
-        ids = _column(batch, "msg_id")
-        delays = _column(batch, "delay_ms")
-        deliver = _deliver_at_ms(batch)
-        derived = self.scope.ids(start, n) if self.scope is not None else None
-        default_topic = self.options.topic
-        out: list[Message] = []
-        append = out.append
-        for i in range(n):
-            value = values[i]
-            if value is None:
-                raise SinkSchemaError(f"row {start + i}: 'value' is null")
-            topic = (topics[i] if topics is not None else None) or default_topic
-            if topic is None:
-                raise SinkSchemaError(
-                    f"row {start + i}: no topic (set the 'topic' option or the column)")
-            msg_id = ids[i] if ids is not None else None
-            if msg_id is None and derived is not None:
-                msg_id = derived[i]
-            delay = None
-            at = deliver[i] if deliver is not None else None
-            d = delays[i] if delays is not None else None
-            if d is not None:
-                if at is not None:
-                    raise SinkSchemaError(
-                        f"row {start + i}: both 'deliver_at' and 'delay_ms' are set")
-                delay = timedelta(milliseconds=d)
-            p = props[i] if props is not None else None
-            append(Message(
-                topic, value,
-                key=keys[i] if keys is not None else None,
-                tags=tags[i] if tags is not None else None,
-                properties=dict(p) if p else None,
-                delay=delay,
-                deliver_at=None if at is None else at / 1000.0,
-                msg_id=msg_id,
-            ))
-        return out
+        value_col = batch.column(idx)
+        if value_col.null_count:
+            first = pc.index(pc.is_null(value_col), True).as_py()
+            raise SinkSchemaError(f"row {start + first}: 'value' is null")
+        values = value_col.to_pylist()
 
-    def send(self, messages: Sequence[Message], first_row: int) -> None:
-        """Send in chunks of ``rows_per_send``; fail (or skip) what cannot be sent."""
+        default_topic = self.options.topic
+        idx = schema.get_field_index("topic")
+        if idx < 0:
+            if default_topic is None:
+                raise SinkSchemaError("no topic: set the 'topic' option or a 'topic' column")
+            topics: Iterable[Any] = repeat(default_topic, n)
+        else:
+            col = batch.column(idx)
+            if col.null_count and default_topic is not None:
+                col = pc.fill_null(col, default_topic)
+            if col.null_count:
+                first = pc.index(pc.is_null(col), True).as_py()
+                raise SinkSchemaError(
+                    f"row {start + first}: no topic (set the 'topic' option or the column)")
+            topics = col.to_pylist()
+
+        derived = self.scope.ids(start, n) if self.scope is not None else None
+        given = _column(batch, "msg_id")
+        ids: Iterable[Any]
+        if given is None:
+            ids = derived if derived is not None else repeat(None, n)
+        elif derived is None:
+            ids = given
+        else:
+            ids = [g if g is not None else d for g, d in zip(given, derived, strict=True)]
+
+        delays: Iterable[Any] = repeat(None, n)
+        idx = schema.get_field_index("delay_ms")
+        if idx >= 0:
+            delay_col = batch.column(idx)
+            # seconds as floats: cheaper than timedelta; the SDK rounds back to whole ms
+            delays = pc.divide(pc.cast(delay_col, "float64"), 1000.0).to_pylist()
+        deliver_ms = _deliver_at_ms(batch)
+        deliver: Iterable[Any] = repeat(None, n)
+        if deliver_ms is not None:
+            if idx >= 0:
+                both = pc.and_(batch.column(idx).is_valid(),
+                               batch.column(schema.get_field_index("deliver_at")).is_valid())
+                if pc.any(both).as_py():
+                    first = pc.index(both, True).as_py()
+                    raise SinkSchemaError(
+                        f"row {start + first}: both 'deliver_at' and 'delay_ms' are set")
+            deliver = [None if ms is None else ms / 1000.0 for ms in deliver_ms]
+
+        keys = _column(batch, "key") or repeat(None, n)
+        tags = _column(batch, "tags") or repeat(None, n)
+        props_raw = _column(batch, "properties")
+        props: Iterable[Any] = (repeat(None, n) if props_raw is None
+                                else [dict(p) if p else None for p in props_raw])
+        # strict=False: the repeat() fillers of absent columns are endless
+        return [Message(topic, value, key=key, tags=tag, properties=prop, delay=delay,
+                        deliver_at=at, msg_id=mid)
+                for topic, value, key, tag, prop, delay, at, mid
+                in zip(topics, values, keys, tags, props, delays, deliver, ids, strict=False)]
+
+    def _record(self, chunk: Sequence[Message], first_row: int,
+                outcomes: Sequence[SendResult | QClientError], resent: int) -> None:
+        """Count one chunk's outcomes; fail (or, with on_error=skip, log) its failures."""
         opts = self.options
         c = self.counts
-        step = opts.rows_per_send
+        c.rows += len(chunk)
+        c.retried += resent
+        errors: list[tuple[int, QClientError]] = []
+        per_broker = c.sent_per_broker
+        for j, res in enumerate(outcomes):
+            if isinstance(res, SendResult):
+                per_broker[res.broker_name] = per_broker.get(res.broker_name, 0) + 1
+            else:
+                errors.append((j, res))
+                broker = getattr(res, "broker_name", None) or "unknown"
+                c.failed_per_broker[broker] = c.failed_per_broker.get(broker, 0) + 1
+        c.sent += len(chunk) - len(errors)
+        if errors:
+            c.failed += len(errors)
+            j, err = errors[0]
+            text = (f"qclient sink: {len(errors)} of {len(chunk)} rows of partition "
+                    f"{c.partition_id} could not be sent after {opts.write_retries + 1} "
+                    f"attempts; first: row {first_row + j} msg_id={chunk[j].msg_id} "
+                    f"on {describe(err)}")
+            if opts.on_error == "fail":
+                raise SinkWriteError(text) from err
+            log.warning("%s (on_error=skip: going on)", text)
+
+    def _send_chunk(self, chunk: Sequence[Message]
+                    ) -> tuple[list[SendResult | QClientError], int]:
+        opts = self.options
+        return send_with_retries(self.producer, chunk, retries=opts.write_retries,
+                                 backoff=opts.retry_backoff)
+
+    def send(self, messages: Sequence[Message], first_row: int) -> None:
+        """Send in chunks of ``rows_per_send``, one at a time; count the outcomes."""
+        step = self.options.rows_per_send
         for lo in range(0, len(messages), step):
             chunk = messages[lo:lo + step]
-            outcomes, resent = send_with_retries(
-                self.producer, chunk, retries=opts.write_retries, backoff=opts.retry_backoff)
-            c.rows += len(chunk)
-            c.retried += resent
-            errors: list[tuple[int, QClientError]] = []
-            for j, res in enumerate(outcomes):
-                if isinstance(res, SendResult):
-                    c.sent += 1
-                    c.sent_per_broker[res.broker_name] = c.sent_per_broker.get(
-                        res.broker_name, 0) + 1
-                else:
-                    errors.append((first_row + lo + j, res))
-                    broker = getattr(res, "broker_name", None) or "unknown"
-                    c.failed_per_broker[broker] = c.failed_per_broker.get(broker, 0) + 1
-            if errors:
-                c.failed += len(errors)
-                row, err = errors[0]
-                text = (f"qclient sink: {len(errors)} of {len(chunk)} rows of partition "
-                        f"{c.partition_id} could not be sent after {opts.write_retries + 1} "
-                        f"attempts; first: row {row} msg_id={chunk[row - first_row - lo].msg_id}"
-                        f" on {describe(err)}")
-                if opts.on_error == "fail":
-                    raise SinkWriteError(text) from err
-                log.warning("%s (on_error=skip: going on)", text)
+            self._record(chunk, first_row + lo, *self._send_chunk(chunk))
 
     def write(self, batches: Iterator[pa.RecordBatch]) -> PartitionCounts:
-        """Send every row of the partition; return the counts."""
+        """Send every row of the partition; return the counts.
+
+        Up to ``max_in_flight`` chunks are being sent at once (threads), so building the
+        next chunk's messages overlaps with waiting for the brokers' acknowledgements.
+        """
         t0 = time.monotonic()
         before = _producer_retries(self.producer)
-        for batch in batches:
-            if batch.num_rows == 0:
-                continue
-            first = self._position
-            self.send(self.messages(batch), first)
+        in_flight = self.options.max_in_flight
+        if in_flight <= 1:
+            for batch in batches:
+                if batch.num_rows:
+                    first = self._position
+                    self.send(self.messages(batch), first)
+        else:
+            self._write_pipelined(batches, in_flight)
         after = _producer_retries(self.producer)
         self.counts.retried += max(0, after - before)
         self.counts.seconds = time.monotonic() - t0
         return self.counts
+
+    def _write_pipelined(self, batches: Iterator[pa.RecordBatch], in_flight: int) -> None:
+        from concurrent.futures import Future, ThreadPoolExecutor
+
+        step = self.options.rows_per_send
+        pending: deque[tuple[Sequence[Message], int, Future[Any]]] = deque()
+        pool = ThreadPoolExecutor(in_flight, thread_name_prefix="qclient-sink")
+        try:
+            for batch in batches:
+                if not batch.num_rows:
+                    continue
+                first = self._position
+                messages = self.messages(batch)
+                for lo in range(0, len(messages), step):
+                    while len(pending) >= in_flight:
+                        chunk, row, fut = pending.popleft()
+                        self._record(chunk, row, *fut.result())
+                    chunk = messages[lo:lo + step]
+                    pending.append((chunk, first + lo, pool.submit(self._send_chunk, chunk)))
+            while pending:
+                chunk, row, fut = pending.popleft()
+                self._record(chunk, row, *fut.result())
+        finally:
+            # On a failure the chunks still in flight finish (their ids make a retry
+            # harmless); nothing new starts.
+            pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _producer_retries(producer: Any) -> int:

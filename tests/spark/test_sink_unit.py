@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 import pyarrow as pa
@@ -138,7 +138,7 @@ def test_rows_to_messages_every_column() -> None:
     assert [m.msg_id for m in msgs] == [IdScope("job", 2).id(0), "given", IdScope("job", 2).id(2)]
     # deliver_at in ms, rounded up so never early: .678901 s -> 679 ms
     assert msgs[0].deliver_at == pytest.approx(at.timestamp() + 0.000099, abs=1e-6)
-    assert msgs[1].delay == timedelta(milliseconds=1500) and msgs[1].deliver_at is None
+    assert msgs[1].delay == 1.5 and msgs[1].deliver_at is None
     assert msgs[2].delay is None and msgs[2].deliver_at is None  # immediate
     assert msgs[0].properties == {"p": "1"} and msgs[2].properties is None
     assert msgs[0].key == "k1" and msgs[0].tags == "x"
