@@ -61,8 +61,13 @@ def _timed(fn: Any) -> float:
     return time.perf_counter() - t0
 
 
-def run(rows: int, udf_rows: int, naive_rows: int, partitions: int,
-        options: dict[str, str] | None = None) -> dict[str, Any]:
+def run(
+    rows: int,
+    udf_rows: int,
+    naive_rows: int,
+    partitions: int,
+    options: dict[str, str] | None = None,
+) -> dict[str, Any]:
     from pyspark.sql import SparkSession
 
     import spark_udfs
@@ -70,10 +75,14 @@ def run(rows: int, udf_rows: int, naive_rows: int, partitions: int,
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    spark = (SparkSession.builder.master("local[2]").appName("qclient-spark-bench")
-             .config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.shuffle.partitions", "2").getOrCreate())
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName("qclient-spark-bench")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .getOrCreate()
+    )
     spark.sparkContext.setLogLevel("ERROR")
     spark_udfs.register(spark)
     try:
@@ -81,22 +90,39 @@ def run(rows: int, udf_rows: int, naive_rows: int, partitions: int,
             ns = cluster.namesrv
 
             def datasource(n: int, topic: str) -> None:
-                (_rows(spark, n, partitions).write.format("qclient").option("namesrv", ns)
-                 .option("topic", topic).options(**(options or {})).mode("append").save())
+                (
+                    _rows(spark, n, partitions)
+                    .write.format("qclient")
+                    .option("namesrv", ns)
+                    .option("topic", topic)
+                    .options(**(options or {}))
+                    .mode("append")
+                    .save()
+                )
 
             udf = spark_udfs.send_delayed_udf(ns, "bench_udf", **(options or {}))
 
             def pandas_udf(n: int) -> None:
-                out = (_rows(spark, n, partitions).select(udf("value", "delay_ms").alias("r"))
-                       .groupBy("r.status").count().collect())
+                out = (
+                    _rows(spark, n, partitions)
+                    .select(udf("value", "delay_ms").alias("r"))
+                    .groupBy("r.status")
+                    .count()
+                    .collect()
+                )
                 ok = sum(r["count"] for r in out if r["status"] == "SEND_OK")
                 assert ok == n, f"pandas UDF: {ok} of {n} SEND_OK: {out}"
 
             naive = naive_send(ns, "bench_naive")
 
             def per_row(n: int) -> None:
-                out = (_rows(spark, n, partitions).select(naive("value", "delay_ms").alias("s"))
-                       .groupBy("s").count().collect())
+                out = (
+                    _rows(spark, n, partitions)
+                    .select(naive("value", "delay_ms").alias("s"))
+                    .groupBy("s")
+                    .count()
+                    .collect()
+                )
                 ok = sum(r["count"] for r in out if r["s"] == "SEND_OK")
                 assert ok == n, f"per-row UDF: {ok} of {n} SEND_OK: {out}"
 
@@ -113,20 +139,32 @@ def run(rows: int, udf_rows: int, naive_rows: int, partitions: int,
     ds, pu, nv = rows / t_ds, udf_rows / t_udf, naive_rows / t_naive
     return {
         "rows": {"datasource": rows, "pandas_udf": udf_rows, "per_row_udf": naive_rows},
-        "seconds": {"datasource": round(t_ds, 2), "pandas_udf": round(t_udf, 2),
-                    "per_row_udf": round(t_naive, 2)},
-        "throughput": {"datasource": round(ds), "pandas_udf": round(pu),
-                       "per_row_udf": round(nv)},
+        "seconds": {
+            "datasource": round(t_ds, 2),
+            "pandas_udf": round(t_udf, 2),
+            "per_row_udf": round(t_naive, 2),
+        },
+        "throughput": {"datasource": round(ds), "pandas_udf": round(pu), "per_row_udf": round(nv)},
         "ratio_datasource_to_per_row": round(ds / nv, 1),
         "ratio_pandas_udf_to_per_row": round(pu / nv, 1),
         "targets": [
-            {"name": "data source rows/s", "value": round(ds), "target": ">= 50000",
-             "met": ds >= 50_000},
-            {"name": "data source / per-row UDF", "value": round(ds / nv, 1),
-             "target": ">= 15", "met": ds / nv >= 15},
+            {
+                "name": "data source rows/s",
+                "value": round(ds),
+                "target": ">= 50000",
+                "met": ds >= 50_000,
+            },
+            {
+                "name": "data source / per-row UDF",
+                "value": round(ds / nv, 1),
+                "target": ">= 15",
+                "met": ds / nv >= 15,
+            },
         ],
-        "notes": [f"local[2], {partitions} partitions, 2 brokers on the same 2-core machine; "
-                  "rows are delayed messages acknowledged durably by a broker"],
+        "notes": [
+            f"local[2], {partitions} partitions, 2 brokers on the same 2-core machine; "
+            "rows are delayed messages acknowledged durably by a broker"
+        ],
     }
 
 
@@ -138,8 +176,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--udf-rows", type=int, default=100_000, help="rows via the pandas UDF")
     ap.add_argument("--naive-rows", type=int, default=5_000, help="rows via per-row UDF")
     ap.add_argument("--partitions", type=int, default=4)
-    ap.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
-                    help="a data source / UDF option (e.g. batch_max_messages=512)")
+    ap.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a data source / UDF option (e.g. batch_max_messages=512)",
+    )
     args = ap.parse_args(argv)
     if args.smoke:
         args.rows, args.udf_rows, args.naive_rows = 2000, 1000, 100
@@ -151,8 +194,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"data source   {res['rows']['datasource']:>8} rows  {tp['datasource']:>8} rows/s")
     print(f"pandas UDF    {res['rows']['pandas_udf']:>8} rows  {tp['pandas_udf']:>8} rows/s")
     print(f"per-row UDF   {res['rows']['per_row_udf']:>8} rows  {tp['per_row_udf']:>8} rows/s")
-    print(f"data source / per-row: {res['ratio_datasource_to_per_row']}x, "
-          f"pandas UDF / per-row: {res['ratio_pandas_udf_to_per_row']}x")
+    print(
+        f"data source / per-row: {res['ratio_datasource_to_per_row']}x, "
+        f"pandas UDF / per-row: {res['ratio_pandas_udf_to_per_row']}x"
+    )
     if args.json:
         print(json.dumps(res))
     return 0

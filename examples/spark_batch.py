@@ -26,10 +26,14 @@ TOPIC = "reminders"
 def main() -> int:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    spark = (SparkSession.builder.master("local[2]").appName("qclient-spark-batch")
-             .config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.shuffle.partitions", "2").getOrCreate())
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName("qclient-spark-batch")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .getOrCreate()
+    )
     spark.sparkContext.setLogLevel("ERROR")
     spark_udfs.register(spark)
     try:
@@ -42,16 +46,24 @@ def main() -> int:
             reminders = spark.range(N_USERS, numPartitions=4).select(
                 F.concat(F.lit("reminder for user "), F.col("id")).alias("value"),
                 F.concat(F.lit("user-"), F.col("id")).alias("key"),
-                (F.lit(start) + F.make_interval(secs=(F.col("id") % 3).cast("decimal(18,6)")))
-                .alias("deliver_at"),
+                (
+                    F.lit(start) + F.make_interval(secs=(F.col("id") % 3).cast("decimal(18,6)"))
+                ).alias("deliver_at"),
                 F.concat(F.lit("reminder-2024-"), F.col("id")).alias("msg_id"),
                 F.create_map(F.lit("kind"), F.lit("reminder")).alias("properties"),
             )
             t0 = time.monotonic()
-            (reminders.write.format("qclient").option("namesrv", cluster.namesrv)
-             .option("topic", TOPIC).mode("append").save())
-            print(f"wrote {N_USERS} reminders in {time.monotonic() - t0:.1f}s; "
-                  f"first due at {start.isoformat()}")
+            (
+                reminders.write.format("qclient")
+                .option("namesrv", cluster.namesrv)
+                .option("topic", TOPIC)
+                .mode("append")
+                .save()
+            )
+            print(
+                f"wrote {N_USERS} reminders in {time.monotonic() - t0:.1f}s; "
+                f"first due at {start.isoformat()}"
+            )
 
             got: dict[str, int] = {}
             early = 0
@@ -65,8 +77,10 @@ def main() -> int:
                 print(f"only {len(got)} of {N_USERS} reminders arrived", file=sys.stderr)
                 return 1
             late = sorted(got.values())
-            print(f"all {N_USERS} reminders delivered, {early} early; lateness p50 "
-                  f"{late[len(late) // 2]} ms, max {late[-1]} ms")
+            print(
+                f"all {N_USERS} reminders delivered, {early} early; lateness p50 "
+                f"{late[len(late) // 2]} ms, max {late[-1]} ms"
+            )
             return 0 if early == 0 else 1
     finally:
         spark.stop()

@@ -37,8 +37,9 @@ def send_delayed_udf(namesrv: str, topic: str, **options: Any) -> Callable[..., 
     return make_send_delayed_udf(namesrv, topic, **options)
 
 
-def foreach_batch_writer(namesrv: str, topic: str | None = None,
-                         **options: Any) -> Callable[[DataFrame, int], None]:
+def foreach_batch_writer(
+    namesrv: str, topic: str | None = None, **options: Any
+) -> Callable[[DataFrame, int], None]:
     """A function for ``writeStream.foreachBatch(...)`` (Spark 3.3+, no data source API)
     that sends each micro-batch like the data source does."""
     from ._foreach import make_foreach_batch_writer

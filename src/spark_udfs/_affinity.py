@@ -38,21 +38,38 @@ def _internals() -> tuple[Any, Any, Any] | None:
     return Item, run_sync, batch_outcome
 
 
+def _mix(x: int) -> int:
+    """MurmurHash3's 32-bit finalizer: spreads a (crc) value over all 32 bits."""
+    x ^= x >> 16
+    x = (x * 0x85EBCA6B) & 0xFFFFFFFF
+    x ^= x >> 13
+    x = (x * 0xC2B2AE35) & 0xFFFFFFFF
+    return x ^ (x >> 16)
+
+
+_salts: dict[str, int] = {}
+
+
 def pick_queue(info: Any, msg_id: str, unavailable: frozenset[str] | set[str]) -> Any:
     """The id's queue: its highest-scoring healthy broker, then a queue of it by the id."""
-    key = msg_id.encode()
+    h = zlib.crc32(msg_id.encode())
     best = None
     best_score = -1
     for broker in info.by_broker:
         if broker in unavailable:
             continue
-        score = zlib.crc32(key, zlib.crc32(broker.encode()))
+        salt = _salts.get(broker)
+        if salt is None:
+            salt = _salts[broker] = zlib.crc32(broker.encode())
+        # crc32 is linear, so a per-broker crc of the id would rank brokers alike for
+        # many ids; mixing id-hash ^ broker-salt gives independent scores.
+        score = _mix(h ^ salt)
         if score > best_score:
             best, best_score = broker, score
     if best is None:
         return None  # every broker unhealthy: let the producer's selection decide
     queues = info.by_broker[best]
-    return queues[zlib.crc32(key) % len(queues)]
+    return queues[h % len(queues)]
 
 
 def send_batch_pinned(producer: Any, messages: Sequence[Message]) -> list[SendResult]:
@@ -63,9 +80,12 @@ def send_batch_pinned(producer: Any, messages: Sequence[Message]) -> list[SendRe
     if parts is None or not all(hasattr(producer, a) for a in needed):
         if not _warned:
             _warned = True
-            log.warning("producer %s cannot pin ids to brokers: a replayed row may be "
-                        "stored on two brokers and delivered twice", type(producer).__name__)
-        return producer.send_batch(messages)  # type: ignore[no-any-return]
+            log.warning(
+                "producer %s cannot pin ids to brokers: a replayed row may be "
+                "stored on two brokers and delivered twice",
+                type(producer).__name__,
+            )
+        return producer.send_batch(messages)
     item_cls, run_sync, batch_outcome = parts
     producer._check_open()
     if not messages:
@@ -85,4 +105,4 @@ def send_batch_pinned(producer: Any, messages: Sequence[Message]) -> list[SendRe
         info = infos[w.topic]
         items.append(item_cls(i, w, info, pick_queue(info, w.msg_id, unavailable)))
     results = run_sync(core.plan_send(items), producer._http, producer._executor)
-    return batch_outcome(results)  # type: ignore[no-any-return]
+    return batch_outcome(results)

@@ -63,8 +63,11 @@ def _type_ok(name: str, dt: DataType) -> bool:
     if name == "delay_ms":
         return isinstance(dt, IntegralType)
     if name == "properties":
-        return (isinstance(dt, MapType) and isinstance(dt.keyType, StringType)
-                and isinstance(dt.valueType, StringType))
+        return (
+            isinstance(dt, MapType)
+            and isinstance(dt.keyType, StringType)
+            and isinstance(dt.valueType, StringType)
+        )
     return isinstance(dt, StringType)
 
 
@@ -73,15 +76,18 @@ def check_schema(schema: StructType, *, has_topic_option: bool) -> None:
     names = [f.name for f in schema.fields]
     if "value" not in names:
         raise SinkSchemaError(
-            f"the DataFrame needs a 'value' column (string or binary); it has {names}")
+            f"the DataFrame needs a 'value' column (string or binary); it has {names}"
+        )
     for f in schema.fields:
         if f.name not in _EXPECTED:
             raise SinkSchemaError(
                 f"unknown column {f.name!r} for the qclient sink; the columns are "
-                f"{', '.join(COLUMNS)} (select or rename before writing)")
+                f"{', '.join(COLUMNS)} (select or rename before writing)"
+            )
         if not _type_ok(f.name, f.dataType):
             raise SinkSchemaError(
-                f"column {f.name!r} must be {_EXPECTED[f.name]}, got {f.dataType.simpleString()}")
+                f"column {f.name!r} must be {_EXPECTED[f.name]}, got {f.dataType.simpleString()}"
+            )
     if not has_topic_option and "topic" not in names:
         raise SinkSchemaError("set the 'topic' option or give the DataFrame a 'topic' column")
 
@@ -115,12 +121,16 @@ def _task_context() -> tuple[int, str | None, str | None]:
     ctx = TaskContext.get()
     if ctx is None:
         return 0, None, None
-    return (ctx.partitionId(), ctx.getLocalProperty("sql.streaming.queryId"),
-            ctx.getLocalProperty("streaming.sql.batchId"))
+    return (
+        ctx.partitionId(),
+        ctx.getLocalProperty("sql.streaming.queryId"),
+        ctx.getLocalProperty("streaming.sql.batchId"),
+    )
 
 
-def _write_partition(options: SinkOptions, scope: str | None,
-                     batches: Iterator[pa.RecordBatch]) -> QClientCommitMessage:
+def _write_partition(
+    options: SinkOptions, scope: str | None, batches: Iterator[pa.RecordBatch]
+) -> QClientCommitMessage:
     """The body of both writers' ``write``."""
     if options.log_level:
         _worker_logging(options.log_level)
@@ -129,8 +139,9 @@ def _write_partition(options: SinkOptions, scope: str | None,
         if query_id is None or batch_id is None:
             raise RuntimeError("qclient streaming sink: no query id / batch id in the task")
         scope = streaming_scope(query_id, batch_id)
-    sender = PartitionSender(options, get_producer(options), IdScope(scope, partition_id),
-                             partition_id)
+    sender = PartitionSender(
+        options, get_producer(options), IdScope(scope, partition_id), partition_id
+    )
     counts = sender.write(batches)
     return QClientCommitMessage(counts=counts, scope=scope)
 
@@ -150,16 +161,19 @@ class QClientBatchWriter(DataSourceArrowWriter):
     def write(self, iterator: Iterator[pa.RecordBatch]) -> QClientCommitMessage:
         return _write_partition(self.options, batch_scope(self.job_id), iterator)
 
-    def commit(self, messages: list[WriterCommitMessage | None]) -> None:  # type: ignore[override]
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         _worker_logging(self.options.log_level)
-        log.info("%s", _summary_line(f"qclient sink: job {self.job_id}",
-                                     summarize(_counts(messages))))
+        log.info(
+            "%s", _summary_line(f"qclient sink: job {self.job_id}", summarize(_counts(messages)))
+        )
 
-    def abort(self, messages: list[WriterCommitMessage | None]) -> None:  # type: ignore[override]
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         # Sent messages cannot be unsent; a re-run with the same job_id is deduplicated.
         _worker_logging(self.options.log_level)
-        log.warning("%s", _summary_line(f"qclient sink: job {self.job_id} ABORTED",
-                                        summarize(_counts(messages))))
+        log.warning(
+            "%s",
+            _summary_line(f"qclient sink: job {self.job_id} ABORTED", summarize(_counts(messages))),
+        )
 
 
 class QClientStreamWriter(DataSourceStreamArrowWriter):
@@ -171,18 +185,19 @@ class QClientStreamWriter(DataSourceStreamArrowWriter):
     def write(self, iterator: Iterator[pa.RecordBatch]) -> QClientCommitMessage:
         return _write_partition(self.options, None, iterator)
 
-    def commit(self, messages: list[WriterCommitMessage | None],  # type: ignore[override]
-               batchId: int) -> None:
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         _worker_logging(self.options.log_level)
-        log.info("%s", _summary_line(f"qclient sink: batch {batchId}",
-                                     summarize(_counts(messages))))
+        log.info(
+            "%s", _summary_line(f"qclient sink: batch {batchId}", summarize(_counts(messages)))
+        )
 
-    def abort(self, messages: list[WriterCommitMessage | None],  # type: ignore[override]
-              batchId: int) -> None:
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         # The replay of this batch re-derives the same ids: the broker deduplicates.
         _worker_logging(self.options.log_level)
-        log.warning("%s", _summary_line(f"qclient sink: batch {batchId} ABORTED",
-                                        summarize(_counts(messages))))
+        log.warning(
+            "%s",
+            _summary_line(f"qclient sink: batch {batchId} ABORTED", summarize(_counts(messages))),
+        )
 
 
 class QClientDataSource(DataSource):

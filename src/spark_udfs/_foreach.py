@@ -21,36 +21,49 @@ __all__ = ["make_foreach_batch_writer"]
 
 log = logging.getLogger(__name__)
 
-_COUNTS_SCHEMA = ("partition_id int, rows long, sent long, retried long, failed long, "
-                  "sent_per_broker map<string,long>, failed_per_broker map<string,long>, "
-                  "seconds double")
+_COUNTS_SCHEMA = (
+    "partition_id int, rows long, sent long, retried long, failed long, "
+    "sent_per_broker map<string,long>, failed_per_broker map<string,long>, "
+    "seconds double"
+)
 
 
-def _partition_writer(options: SinkOptions,
-                      scope: str) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+def _partition_writer(
+    options: SinkOptions, scope: str
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import pyarrow as pa
         from pyspark import TaskContext
 
         ctx = TaskContext.get()
         partition_id = ctx.partitionId() if ctx is not None else 0
-        sender = PartitionSender(options, get_producer(options), IdScope(scope, partition_id),
-                                 partition_id)
+        sender = PartitionSender(
+            options, get_producer(options), IdScope(scope, partition_id), partition_id
+        )
         counts = asdict(sender.write(batches))
         for k in ("sent_per_broker", "failed_per_broker"):
             counts[k] = list(counts[k].items())
         counts_map = pa.map_(pa.string(), pa.int64())
-        schema = pa.schema([("partition_id", pa.int32()), ("rows", pa.int64()),
-                            ("sent", pa.int64()), ("retried", pa.int64()),
-                            ("failed", pa.int64()), ("sent_per_broker", counts_map),
-                            ("failed_per_broker", counts_map), ("seconds", pa.float64())])
+        schema = pa.schema(
+            [
+                ("partition_id", pa.int32()),
+                ("rows", pa.int64()),
+                ("sent", pa.int64()),
+                ("retried", pa.int64()),
+                ("failed", pa.int64()),
+                ("sent_per_broker", counts_map),
+                ("failed_per_broker", counts_map),
+                ("seconds", pa.float64()),
+            ]
+        )
         yield pa.RecordBatch.from_pylist([counts], schema=schema)
 
     return write
 
 
-def make_foreach_batch_writer(namesrv: str, topic: str | None = None,
-                              **options: Any) -> Callable[[DataFrame, int], None]:
+def make_foreach_batch_writer(
+    namesrv: str, topic: str | None = None, **options: Any
+) -> Callable[[DataFrame, int], None]:
     """Build the ``foreachBatch`` function; options are validated here, on the driver.
 
     Ids are scoped by the option ``job_id`` (give a stable one to make a restarted query
@@ -71,8 +84,15 @@ def make_foreach_batch_writer(namesrv: str, topic: str | None = None,
         counts = []
         for r in rows:
             d = r.asDict()
-            counts.append(PartitionCounts(**{**d, "sent_per_broker": dict(d["sent_per_broker"]),
-                                             "failed_per_broker": dict(d["failed_per_broker"])}))
+            counts.append(
+                PartitionCounts(
+                    **{
+                        **d,
+                        "sent_per_broker": dict(d["sent_per_broker"]),
+                        "failed_per_broker": dict(d["failed_per_broker"]),
+                    }
+                )
+            )
         log.info("%s", summary_line(f"qclient foreachBatch: batch {batch_id}", summarize(counts)))
 
     return write_batch

@@ -119,7 +119,8 @@ def _int_tuple(name: str, raw: Any) -> tuple[int, ...]:
         return tuple(int(p) for p in str(raw).split(",") if p.strip())
     except ValueError:
         raise OptionError(
-            f"option {name!r} must be comma-separated integers, got {raw!r}") from None
+            f"option {name!r} must be comma-separated integers, got {raw!r}"
+        ) from None
 
 
 def _bool_or_str(name: str, raw: Any) -> bool | str:
@@ -199,9 +200,11 @@ class SinkOptions:
 
     def __repr__(self) -> str:
         shown = {k: ("***" if k in _SECRET else v) for k, v in self.producer_kwargs.items()}
-        return (f"SinkOptions(topic={self.topic!r}, producer={shown!r}, "
-                f"rows_per_send={self.rows_per_send}, write_retries={self.write_retries}, "
-                f"on_error={self.on_error!r}, job_id={self.job_id!r})")
+        return (
+            f"SinkOptions(topic={self.topic!r}, producer={shown!r}, "
+            f"rows_per_send={self.rows_per_send}, write_retries={self.write_retries}, "
+            f"on_error={self.on_error!r}, job_id={self.job_id!r})"
+        )
 
     __str__ = __repr__
 

@@ -41,7 +41,7 @@ def resolve_factory(spec: str | None) -> Callable[..., Any]:
         obj = getattr(obj, part)
     if not callable(obj):
         raise ValueError(f"producer_factory {spec!r} is not callable")
-    return obj  # type: ignore[no-any-return]
+    return obj
 
 
 def get_producer(options: SinkOptions) -> Any:

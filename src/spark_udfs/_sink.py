@@ -126,9 +126,16 @@ class PartitionCounts:
 
 def summarize(counts: Iterable[PartitionCounts | None]) -> dict[str, Any]:
     """Totals over partitions (``None`` = a partition whose task failed)."""
-    total: dict[str, Any] = {"partitions": 0, "missing": 0, "rows": 0, "sent": 0,
-                             "retried": 0, "failed": 0, "sent_per_broker": {},
-                             "failed_per_broker": {}}
+    total: dict[str, Any] = {
+        "partitions": 0,
+        "missing": 0,
+        "rows": 0,
+        "sent": 0,
+        "retried": 0,
+        "failed": 0,
+        "sent_per_broker": {},
+        "failed_per_broker": {},
+    }
     for c in counts:
         if c is None:
             total["missing"] += 1
@@ -145,9 +152,11 @@ def summarize(counts: Iterable[PartitionCounts | None]) -> dict[str, Any]:
 def summary_line(prefix: str, total: dict[str, Any]) -> str:
     """The one log line of a committed batch."""
     brokers = ", ".join(f"{b} {n}" for b, n in sorted(total["sent_per_broker"].items()))
-    line = (f"{prefix}: {total['sent']} of {total['rows']} rows sent "
-            f"({brokers or 'no broker'}), {total['retried']} retried, "
-            f"{total['failed']} failed, {total['partitions']} partitions")
+    line = (
+        f"{prefix}: {total['sent']} of {total['rows']} rows sent "
+        f"({brokers or 'no broker'}), {total['retried']} retried, "
+        f"{total['failed']} failed, {total['partitions']} partitions"
+    )
     if total["failed_per_broker"]:
         failed = ", ".join(f"{b} {n}" for b, n in sorted(total["failed_per_broker"].items()))
         line += f" (failed on: {failed})"
@@ -160,7 +169,7 @@ def _column(batch: pa.RecordBatch, name: str) -> list[Any] | None:
     idx = batch.schema.get_field_index(name)
     if idx < 0:
         return None
-    return batch.column(idx).to_pylist()  # type: ignore[no-any-return]
+    return batch.column(idx).to_pylist()
 
 
 def _deliver_at_ms(batch: pa.RecordBatch) -> list[int | None] | None:
@@ -184,8 +193,9 @@ def _deliver_at_ms(batch: pa.RecordBatch) -> list[int | None] | None:
 class PartitionSender:
     """Sends one partition's rows (Arrow record batches) and counts what happened."""
 
-    def __init__(self, options: SinkOptions, producer: Any, scope: IdScope | None,
-                 partition_id: int) -> None:
+    def __init__(
+        self, options: SinkOptions, producer: Any, scope: IdScope | None, partition_id: int
+    ) -> None:
         self.options = options
         self.producer = producer
         self.scope = scope
@@ -222,7 +232,8 @@ class PartitionSender:
             if col.null_count:
                 first = pc.index(pc.is_null(col), True).as_py()
                 raise SinkSchemaError(
-                    f"row {start + first}: no topic (set the 'topic' option or the column)")
+                    f"row {start + first}: no topic (set the 'topic' option or the column)"
+                )
             topics = col.to_pylist()
 
         derived = self.scope.ids(start, n) if self.scope is not None else None
@@ -245,27 +256,47 @@ class PartitionSender:
         deliver: Iterable[Any] = repeat(None, n)
         if deliver_ms is not None:
             if idx >= 0:
-                both = pc.and_(batch.column(idx).is_valid(),
-                               batch.column(schema.get_field_index("deliver_at")).is_valid())
+                both = pc.and_(
+                    batch.column(idx).is_valid(),
+                    batch.column(schema.get_field_index("deliver_at")).is_valid(),
+                )
                 if pc.any(both).as_py():
                     first = pc.index(both, True).as_py()
                     raise SinkSchemaError(
-                        f"row {start + first}: both 'deliver_at' and 'delay_ms' are set")
+                        f"row {start + first}: both 'deliver_at' and 'delay_ms' are set"
+                    )
             deliver = [None if ms is None else ms / 1000.0 for ms in deliver_ms]
 
         keys = _column(batch, "key") or repeat(None, n)
         tags = _column(batch, "tags") or repeat(None, n)
         props_raw = _column(batch, "properties")
-        props: Iterable[Any] = (repeat(None, n) if props_raw is None
-                                else [dict(p) if p else None for p in props_raw])
+        props: Iterable[Any] = (
+            repeat(None, n) if props_raw is None else [dict(p) if p else None for p in props_raw]
+        )
         # strict=False: the repeat() fillers of absent columns are endless
-        return [Message(topic, value, key=key, tags=tag, properties=prop, delay=delay,
-                        deliver_at=at, msg_id=mid)
-                for topic, value, key, tag, prop, delay, at, mid
-                in zip(topics, values, keys, tags, props, delays, deliver, ids, strict=False)]
+        return [
+            Message(
+                topic,
+                value,
+                key=key,
+                tags=tag,
+                properties=prop,
+                delay=delay,
+                deliver_at=at,
+                msg_id=mid,
+            )
+            for topic, value, key, tag, prop, delay, at, mid in zip(
+                topics, values, keys, tags, props, delays, deliver, ids, strict=False
+            )
+        ]
 
-    def _record(self, chunk: Sequence[Message], first_row: int,
-                outcomes: Sequence[SendResult | QClientError], resent: int) -> None:
+    def _record(
+        self,
+        chunk: Sequence[Message],
+        first_row: int,
+        outcomes: Sequence[SendResult | QClientError],
+        resent: int,
+    ) -> None:
         """Count one chunk's outcomes; fail (or, with on_error=skip, log) its failures."""
         opts = self.options
         c = self.counts
@@ -284,25 +315,27 @@ class PartitionSender:
         if errors:
             c.failed += len(errors)
             j, err = errors[0]
-            text = (f"qclient sink: {len(errors)} of {len(chunk)} rows of partition "
-                    f"{c.partition_id} could not be sent after {opts.write_retries + 1} "
-                    f"attempts; first: row {first_row + j} msg_id={chunk[j].msg_id} "
-                    f"on {describe(err)}")
+            text = (
+                f"qclient sink: {len(errors)} of {len(chunk)} rows of partition "
+                f"{c.partition_id} could not be sent after {opts.write_retries + 1} "
+                f"attempts; first: row {first_row + j} msg_id={chunk[j].msg_id} "
+                f"on {describe(err)}"
+            )
             if opts.on_error == "fail":
                 raise SinkWriteError(text) from err
             log.warning("%s (on_error=skip: going on)", text)
 
-    def _send_chunk(self, chunk: Sequence[Message]
-                    ) -> tuple[list[SendResult | QClientError], int]:
+    def _send_chunk(self, chunk: Sequence[Message]) -> tuple[list[SendResult | QClientError], int]:
         opts = self.options
-        return send_with_retries(self.producer, chunk, retries=opts.write_retries,
-                                 backoff=opts.retry_backoff)
+        return send_with_retries(
+            self.producer, chunk, retries=opts.write_retries, backoff=opts.retry_backoff
+        )
 
     def send(self, messages: Sequence[Message], first_row: int) -> None:
         """Send in chunks of ``rows_per_send``, one at a time; count the outcomes."""
         step = self.options.rows_per_send
         for lo in range(0, len(messages), step):
-            chunk = messages[lo:lo + step]
+            chunk = messages[lo : lo + step]
             self._record(chunk, first_row + lo, *self._send_chunk(chunk))
 
     def write(self, batches: Iterator[pa.RecordBatch]) -> PartitionCounts:
@@ -342,7 +375,7 @@ class PartitionSender:
                     while len(pending) >= in_flight:
                         chunk, row, fut = pending.popleft()
                         self._record(chunk, row, *fut.result())
-                    chunk = messages[lo:lo + step]
+                    chunk = messages[lo : lo + step]
                     pending.append((chunk, first + lo, pool.submit(self._send_chunk, chunk)))
             while pending:
                 chunk, row, fut = pending.popleft()

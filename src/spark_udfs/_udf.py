@@ -56,8 +56,9 @@ def _delays(delay_ms: pd.Series) -> list[int | None]:
     return out
 
 
-def send_series(options: SinkOptions, udf_id: str, value: pd.Series,
-                delay_ms: pd.Series) -> pd.DataFrame:
+def send_series(
+    options: SinkOptions, udf_id: str, value: pd.Series, delay_ms: pd.Series
+) -> pd.DataFrame:
     """The UDF's body: send ``value`` with ``delay_ms`` (null = now), one outcome per row."""
     from datetime import timedelta
 
@@ -70,10 +71,17 @@ def send_series(options: SinkOptions, udf_id: str, value: pd.Series,
     assert topic is not None
     msgs = []
     for body, d, mid in zip(value.tolist(), _delays(delay_ms), ids, strict=True):
-        msgs.append(Message(topic, b"" if body is None else body, msg_id=mid,
-                            delay=None if d is None else timedelta(milliseconds=d)))
-    outcomes, _ = send_with_retries(get_producer(options), msgs,
-                                    retries=options.write_retries, backoff=options.retry_backoff)
+        msgs.append(
+            Message(
+                topic,
+                b"" if body is None else body,
+                msg_id=mid,
+                delay=None if d is None else timedelta(milliseconds=d),
+            )
+        )
+    outcomes, _ = send_with_retries(
+        get_producer(options), msgs, retries=options.write_retries, backoff=options.retry_backoff
+    )
     status: list[str] = []
     errors: list[str | None] = []
     for res in outcomes:
@@ -82,7 +90,7 @@ def send_series(options: SinkOptions, udf_id: str, value: pd.Series,
             errors.append(None)
         else:
             status.append(getattr(res, "code", None) or type(res).__name__)
-            errors.append(describe(res))  # type: ignore[arg-type]
+            errors.append(describe(res))
     return pd.DataFrame({"msg_id": ids, "status": status, "error": errors})
 
 
@@ -100,4 +108,4 @@ def make_send_delayed_udf(namesrv: str, topic: str, **options: Any) -> Callable[
 
     udf = pandas_udf(send_delayed, RESULT_SCHEMA)  # type: ignore[call-overload]
     # Nondeterministic: Spark must not evaluate it twice (or collapse it) for one row.
-    return udf.asNondeterministic()  # type: ignore[no-any-return]
+    return udf.asNondeterministic()

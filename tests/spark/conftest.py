@@ -22,12 +22,13 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     import spark_udfs
 
     sink_dir = tmp_path_factory.mktemp("fake-sink")
-    saved = {k: os.environ.get(k) for k in
-             ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "PYTHONPATH", "QCLIENT_FAKE_SINK_DIR")}
+    saved = {
+        k: os.environ.get(k)
+        for k in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "PYTHONPATH", "QCLIENT_FAKE_SINK_DIR")
+    }
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(HERE), saved["PYTHONPATH"]) if p)
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), saved["PYTHONPATH"]) if p)
     # The fakes write under per-test subdirectories of this one (see `fake_sink`).
     os.environ["QCLIENT_FAKE_SINK_DIR"] = str(sink_dir)
     session = (
@@ -62,4 +63,3 @@ def topic(request: pytest.FixtureRequest) -> str:
 
     name = re.sub(r"[^A-Za-z0-9_]", "_", request.node.name)[:60]
     return f"{name}_{uuid.uuid4().hex[:6]}"
-

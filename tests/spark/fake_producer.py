@@ -39,19 +39,35 @@ class FakeProducer:
             for m in messages:
                 self._n += 1
                 broker = BROKERS[self._n % 2]
-                if (self._fail_every and self._n % self._fail_every == 0
-                        and m.msg_id not in self._failed_once):
+                if (
+                    self._fail_every
+                    and self._n % self._fail_every == 0
+                    and m.msg_id not in self._failed_once
+                ):
                     self._failed_once.add(str(m.msg_id))
-                    results.append(BrokerUnavailableError("connection refused (fake)",
-                                                          broker_name=broker))
+                    results.append(
+                        BrokerUnavailableError("connection refused (fake)", broker_name=broker)
+                    )
                     continue
                 body = m.body.decode() if isinstance(m.body, bytes) else m.body
                 delay = m.delay.total_seconds() if hasattr(m.delay, "total_seconds") else m.delay
-                self._file.write(json.dumps({
-                    "msg_id": m.msg_id, "topic": m.topic, "body": body, "key": m.key,
-                    "tags": m.tags, "properties": m.properties, "delay": delay,
-                    "deliver_at": m.deliver_at, "broker": broker, "pid": os.getpid(),
-                }) + "\n")
+                self._file.write(
+                    json.dumps(
+                        {
+                            "msg_id": m.msg_id,
+                            "topic": m.topic,
+                            "body": body,
+                            "key": m.key,
+                            "tags": m.tags,
+                            "properties": m.properties,
+                            "delay": delay,
+                            "deliver_at": m.deliver_at,
+                            "broker": broker,
+                            "pid": os.getpid(),
+                        }
+                    )
+                    + "\n"
+                )
                 results.append(SendResult(str(m.msg_id), SendStatus.SEND_OK, broker, 0, 0))
             self._file.flush()
         if any(isinstance(r, QClientError) for r in results):
@@ -90,8 +106,6 @@ def read_sent(root: Path) -> list[dict[str, Any]]:
     return out
 
 
-
 def fake_sent(topic: str) -> list[dict[str, Any]]:
     """What the fake producers of every worker recorded for ``topic``."""
-    return [m for m in read_sent(Path(os.environ["QCLIENT_FAKE_SINK_DIR"]))
-            if m["topic"] == topic]
+    return [m for m in read_sent(Path(os.environ["QCLIENT_FAKE_SINK_DIR"])) if m["topic"] == topic]

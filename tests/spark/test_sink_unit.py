@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
+from collections import Counter
 from datetime import UTC, datetime
 from typing import Any
 
@@ -47,8 +49,11 @@ class ScriptedProducer:
                 results.append(errs.pop(0))
                 continue
             self.stored[str(m.msg_id)] = m
-            results.append(SendResult(str(m.msg_id), SendStatus.SEND_OK,
-                                      "broker-a" if i % 2 else "broker-b", 0, 0))
+            results.append(
+                SendResult(
+                    str(m.msg_id), SendStatus.SEND_OK, "broker-a" if i % 2 else "broker-b", 0, 0
+                )
+            )
         if any(isinstance(r, QClientError) for r in results):
             raise BatchSendError("partial", results)
         return results  # type: ignore[return-value]
@@ -61,10 +66,20 @@ class ScriptedProducer:
 
 
 def test_options_case_insensitive_and_every_producer_option() -> None:
-    opts = parse_options({"NameSrv": "127.0.0.1:1", "TOPIC": "t", "sendTimeout": "1.5",
-                          "retry_times": "4", "batchMaxMessages": "64", "linger_ms": "2",
-                          "send_latency_fault_enable": "false", "access_key": "app",
-                          "secretKey": "hunter2", "rows_per_send": "10"})
+    opts = parse_options(
+        {
+            "NameSrv": "127.0.0.1:1",
+            "TOPIC": "t",
+            "sendTimeout": "1.5",
+            "retry_times": "4",
+            "batchMaxMessages": "64",
+            "linger_ms": "2",
+            "send_latency_fault_enable": "false",
+            "access_key": "app",
+            "secretKey": "hunter2",
+            "rows_per_send": "10",
+        }
+    )
     kw = opts.producer_kwargs
     assert kw["namesrv"] == "127.0.0.1:1"
     assert kw["send_timeout"] == 1.5 and kw["retry_times"] == 4
@@ -77,15 +92,18 @@ def test_options_case_insensitive_and_every_producer_option() -> None:
         assert "hunter2" not in text
 
 
-@pytest.mark.parametrize(("options", "needle"), [
-    ({"topic": "t"}, "'namesrv' is required"),
-    ({"namesrv": "a:1", "colour": "red"}, "unknown qclient option 'colour'"),
-    ({"namesrv": "a:1", "send_timeout": "soon"}, "must be a number"),
-    ({"namesrv": "a:1", "retry_times": "-1"}, "retry_times"),
-    ({"namesrv": "a:1", "access_key": "k"}, "go together"),
-    ({"namesrv": "a:1", "topic": "bad topic!"}, "not a valid topic"),
-    ({"namesrv": "a:1", "on_error": "ignore"}, "'fail' or 'skip'"),
-])
+@pytest.mark.parametrize(
+    ("options", "needle"),
+    [
+        ({"topic": "t"}, "'namesrv' is required"),
+        ({"namesrv": "a:1", "colour": "red"}, "unknown qclient option 'colour'"),
+        ({"namesrv": "a:1", "send_timeout": "soon"}, "must be a number"),
+        ({"namesrv": "a:1", "retry_times": "-1"}, "retry_times"),
+        ({"namesrv": "a:1", "access_key": "k"}, "go together"),
+        ({"namesrv": "a:1", "topic": "bad topic!"}, "not a valid topic"),
+        ({"namesrv": "a:1", "on_error": "ignore"}, "'fail' or 'skip'"),
+    ],
+)
 def test_bad_options_are_clear_errors(options: dict[str, str], needle: str) -> None:
     with pytest.raises(OptionError, match=needle):
         parse_options(options)
@@ -103,10 +121,12 @@ def test_secret_not_in_option_errors() -> None:
 def test_ids_are_deterministic_and_distinct() -> None:
     a = IdScope(streaming_scope("q1", 3), 0).ids(0, 1000)
     assert a == IdScope(streaming_scope("q1", 3), 0).ids(0, 1000)  # a replay: same ids
-    others = (IdScope(streaming_scope("q1", 4), 0).ids(0, 1000)
-              + IdScope(streaming_scope("q1", 3), 1).ids(0, 1000)
-              + IdScope(streaming_scope("q2", 3), 0).ids(0, 1000)
-              + IdScope(batch_scope("job"), 0).ids(0, 1000))
+    others = (
+        IdScope(streaming_scope("q1", 4), 0).ids(0, 1000)
+        + IdScope(streaming_scope("q1", 3), 1).ids(0, 1000)
+        + IdScope(streaming_scope("q2", 3), 0).ids(0, 1000)
+        + IdScope(batch_scope("job"), 0).ids(0, 1000)
+    )
     assert len(set(a)) == 1000
     assert not set(a) & set(others) and len(set(others)) == 4000
     assert IdScope("s", 7).id(5) == IdScope("s", 7).ids(5, 1)[0]
@@ -123,16 +143,18 @@ def _sender(producer: Any, **opts: str) -> PartitionSender:
 
 def test_rows_to_messages_every_column() -> None:
     at = datetime(2030, 1, 2, 3, 4, 5, 678_901, tzinfo=UTC)
-    batch = pa.RecordBatch.from_pydict({
-        "value": ["a", "b", "c"],
-        "key": ["k1", None, "k3"],
-        "topic": [None, "other", None],
-        "deliver_at": pa.array([at, None, None], pa.timestamp("us", tz="UTC")),
-        "delay_ms": pa.array([None, 1500, None], pa.int64()),
-        "tags": ["x", None, None],
-        "properties": pa.array([[("p", "1")], None, []], pa.map_(pa.string(), pa.string())),
-        "msg_id": [None, "given", None],
-    })
+    batch = pa.RecordBatch.from_pydict(
+        {
+            "value": ["a", "b", "c"],
+            "key": ["k1", None, "k3"],
+            "topic": [None, "other", None],
+            "deliver_at": pa.array([at, None, None], pa.timestamp("us", tz="UTC")),
+            "delay_ms": pa.array([None, 1500, None], pa.int64()),
+            "tags": ["x", None, None],
+            "properties": pa.array([[("p", "1")], None, []], pa.map_(pa.string(), pa.string())),
+            "msg_id": [None, "given", None],
+        }
+    )
     msgs = _sender(ScriptedProducer()).messages(batch)
     assert [m.topic for m in msgs] == ["t", "other", "t"]
     assert [m.msg_id for m in msgs] == [IdScope("job", 2).id(0), "given", IdScope("job", 2).id(2)]
@@ -152,12 +174,21 @@ def test_binary_values_and_row_positions_continue_across_batches() -> None:
     assert [m.msg_id for m in first + second] == IdScope("job", 2).ids(0, 4)
 
 
-@pytest.mark.parametrize(("cols", "needle"), [
-    ({"value": [None]}, "'value' is null"),
-    ({"key": ["k"]}, "needs a 'value' column"),
-    ({"value": ["v"], "delay_ms": [5],
-      "deliver_at": pa.array([datetime.now(UTC)], pa.timestamp("us", tz="UTC"))}, "both"),
-])
+@pytest.mark.parametrize(
+    ("cols", "needle"),
+    [
+        ({"value": [None]}, "'value' is null"),
+        ({"key": ["k"]}, "needs a 'value' column"),
+        (
+            {
+                "value": ["v"],
+                "delay_ms": [5],
+                "deliver_at": pa.array([datetime.now(UTC)], pa.timestamp("us", tz="UTC")),
+            },
+            "both",
+        ),
+    ],
+)
 def test_bad_rows_are_clear_errors(cols: dict[str, Any], needle: str) -> None:
     with pytest.raises(SinkSchemaError, match=needle):
         _sender(ScriptedProducer()).messages(pa.RecordBatch.from_pydict(cols))
@@ -167,8 +198,12 @@ def test_bad_rows_are_clear_errors(cols: dict[str, Any], needle: str) -> None:
 
 
 def test_retryable_failures_are_resent_with_the_same_ids() -> None:
-    prod = ScriptedProducer({"m1": [BrokerUnavailableError("refused", broker_name="b1")],
-                             "m3": [BrokerUnavailableError("refused", broker_name="b2")] * 2})
+    prod = ScriptedProducer(
+        {
+            "m1": [BrokerUnavailableError("refused", broker_name="b1")],
+            "m3": [BrokerUnavailableError("refused", broker_name="b2")] * 2,
+        }
+    )
     msgs = [Message("t", "x", msg_id=f"m{i}") for i in range(5)]
     outcomes, resent = send_with_retries(prod, msgs, retries=2, backoff=0)
     assert all(isinstance(o, SendResult) for o in outcomes)
@@ -178,15 +213,23 @@ def test_retryable_failures_are_resent_with_the_same_ids() -> None:
 
 def test_non_retryable_failure_is_not_resent() -> None:
     prod = ScriptedProducer({"m0": [AuthError("wrong signature")]})
-    outcomes, resent = send_with_retries(prod, [Message("t", "x", msg_id="m0")],
-                                         retries=3, backoff=0)
+    outcomes, resent = send_with_retries(
+        prod, [Message("t", "x", msg_id="m0")], retries=3, backoff=0
+    )
     assert isinstance(outcomes[0], AuthError) and resent == 0 and len(prod.calls) == 1
 
 
 def test_failure_after_retries_fails_with_broker_and_cause() -> None:
-    sender = _sender(ScriptedProducer(
-        {IdScope("job", 2).id(1): [BrokerUnavailableError("connection refused",
-                                                          broker_name="broker-b")] * 3}))
+    sender = _sender(
+        ScriptedProducer(
+            {
+                IdScope("job", 2).id(1): [
+                    BrokerUnavailableError("connection refused", broker_name="broker-b")
+                ]
+                * 3
+            }
+        )
+    )
     batch = pa.RecordBatch.from_pydict({"value": ["a", "b", "c"]})
     with pytest.raises(SinkWriteError) as info:
         sender.write(iter([batch]))
@@ -196,9 +239,14 @@ def test_failure_after_retries_fails_with_broker_and_cause() -> None:
 
 
 def test_skip_mode_counts_and_goes_on() -> None:
-    sender = _sender(ScriptedProducer(
-        {IdScope("job", 2).id(0): [BrokerUnavailableError("down", broker_name="b9")] * 9}),
-        on_error="skip", write_retries="1", rows_per_send="2")
+    sender = _sender(
+        ScriptedProducer(
+            {IdScope("job", 2).id(0): [BrokerUnavailableError("down", broker_name="b9")] * 9}
+        ),
+        on_error="skip",
+        write_retries="1",
+        rows_per_send="2",
+    )
     counts = sender.write(iter([pa.RecordBatch.from_pydict({"value": ["a", "b", "c"]})]))
     assert (counts.rows, counts.sent, counts.failed, counts.retried) == (3, 2, 1, 1)
     assert counts.failed_per_broker == {"b9": 1}
@@ -206,15 +254,80 @@ def test_skip_mode_counts_and_goes_on() -> None:
 
 
 def test_summary_line() -> None:
-    total = summarize([PartitionCounts(0, 3, 3, 1, 0, {"a": 2, "b": 1}),
-                       PartitionCounts(1, 2, 2, 0, 0, {"a": 2}), None])
+    total = summarize(
+        [
+            PartitionCounts(0, 3, 3, 1, 0, {"a": 2, "b": 1}),
+            PartitionCounts(1, 2, 2, 0, 0, {"a": 2}),
+            None,
+        ]
+    )
     line = summary_line("qclient sink: batch 4", total)
-    assert line == ("qclient sink: batch 4: 5 of 5 rows sent (a 4, b 1), 1 retried, 0 failed, "
-                    "2 partitions, 1 without a commit message")
+    assert line == (
+        "qclient sink: batch 4: 5 of 5 rows sent (a 4, b 1), 1 retried, 0 failed, "
+        "2 partitions, 1 without a commit message"
+    )
 
 
 def test_import_is_cheap() -> None:
     code = "import sys, qclient, spark_udfs; print('pyspark' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=60, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
     assert out.stdout.strip() == "False"
+
+
+def test_pipelined_write_sends_every_row_once_and_fails_clearly() -> None:
+    prod = ScriptedProducer()
+    sender = _sender(prod, rows_per_send="7", max_in_flight="3")
+    batches = [
+        pa.RecordBatch.from_pydict({"value": [str(i) for i in range(k, k + 50)]})
+        for k in range(0, 200, 50)
+    ]
+    counts = sender.write(iter(batches))
+    assert (counts.rows, counts.sent, counts.failed) == (200, 200, 0)
+    assert sorted(int(m.body) for m in prod.stored.values()) == list(range(200))
+    assert set(prod.stored) == set(IdScope("job", 2).ids(0, 200))
+
+    bad = IdScope("job", 2).id(120)
+    down = ScriptedProducer({bad: [BrokerUnavailableError("gone", broker_name="b3")] * 3})
+    with pytest.raises(SinkWriteError, match=r"row 120 .* on broker b3"):
+        _sender(down, rows_per_send="7", max_in_flight="3").write(iter(batches))
+
+
+def test_pick_queue_is_stable_spread_and_skips_unhealthy_brokers() -> None:
+    from qclient.routing.publish_info import MessageQueue
+    from spark_udfs._affinity import pick_queue
+
+    class Info:
+        by_broker = {
+            b: tuple(MessageQueue("t", b, i) for i in range(4))
+            for b in ("broker-a", "broker-b", "broker-c")
+        }
+
+    ids = IdScope("s", 0).ids(0, 3000)
+    picks = [pick_queue(Info, i, set()) for i in ids]
+    assert picks == [pick_queue(Info, i, set()) for i in ids]  # same id, same queue
+    per_broker = Counter(q.broker_name for q in picks)
+    assert min(per_broker.values()) > 800  # roughly a third each
+    # A broker held unavailable loses its ids; the others keep theirs (rendezvous hashing).
+    moved = [pick_queue(Info, i, {"broker-a"}) for i in ids]
+    assert all(m.broker_name != "broker-a" for m in moved)
+    assert all(m == p for m, p in zip(moved, picks, strict=True) if p.broker_name != "broker-a")
+    assert pick_queue(Info, ids[0], {"broker-a", "broker-b", "broker-c"}) is None
+
+
+def test_commit_logs_one_summary_line(caplog: pytest.LogCaptureFixture) -> None:
+    from spark_udfs._datasource import QClientCommitMessage, QClientStreamWriter
+
+    writer = QClientStreamWriter(parse_options({"namesrv": "a:1", "topic": "t"}))
+    msgs = [
+        QClientCommitMessage(PartitionCounts(0, 4, 4, 1, 0, {"broker-a": 4})),
+        QClientCommitMessage(PartitionCounts(1, 2, 2, 0, 0, {"broker-b": 2})),
+    ]
+    with caplog.at_level(logging.INFO, logger="spark_udfs"):
+        writer.commit(msgs, 12)
+    lines = [r.getMessage() for r in caplog.records if r.name.startswith("spark_udfs")]
+    assert lines == [
+        "qclient sink: batch 12: 6 of 6 rows sent (broker-a 4, broker-b 2), "
+        "1 retried, 0 failed, 2 partitions"
+    ]

@@ -26,8 +26,13 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def drain(namesrv: str, topic: str, done: Callable[[list[ReceivedMessage]], bool],
-          timeout: float = 60.0, quiet: float = 1.0) -> list[ReceivedMessage]:
+def drain(
+    namesrv: str,
+    topic: str,
+    done: Callable[[list[ReceivedMessage]], bool],
+    timeout: float = 60.0,
+    quiet: float = 1.0,
+) -> list[ReceivedMessage]:
     """Poll until ``done(messages)``, then ``quiet`` seconds more (to catch duplicates);
     fails at ``timeout``. Records each message's receive time in ``extra``."""
     got: list[ReceivedMessage] = []
@@ -35,8 +40,10 @@ def drain(namesrv: str, topic: str, done: Callable[[list[ReceivedMessage]], bool
     with Consumer(namesrv, topic, "g-" + topic) as consumer:
         while not done(got):
             if time.monotonic() > deadline:
-                pytest.fail(f"timed out: {len(got)} messages on {topic} "
-                            f"({len({m.msg_id for m in got})} distinct)")
+                pytest.fail(
+                    f"timed out: {len(got)} messages on {topic} "
+                    f"({len({m.msg_id for m in got})} distinct)"
+                )
             for m in consumer.poll(1000, 0.5):
                 m.extra["received_ms"] = _now_ms()
                 got.append(m)
@@ -74,8 +81,7 @@ def test_batch_write_20k_delayed_rows(spark: Any, cluster: LocalCluster, topic: 
         assert m.extra.get("received_ms", m.fired_at_ms) >= m.deliver_at_ms
 
 
-def test_same_msg_ids_twice_deliver_once(spark: Any, cluster: LocalCluster,
-                                         topic: str) -> None:
+def test_same_msg_ids_twice_deliver_once(spark: Any, cluster: LocalCluster, topic: str) -> None:
     from pyspark.sql import functions as F
 
     df = spark.range(0, 1000, numPartitions=2).select(
@@ -89,18 +95,33 @@ def test_same_msg_ids_twice_deliver_once(spark: Any, cluster: LocalCluster,
     assert {m.msg_id for m in got} == {f"order-{i}" for i in range(1000)}
 
 
-def _rate_query(spark: Any, namesrv: str, topic: str, checkpoint: Path,
-                transform: Callable[[Any], Any] = lambda df: df) -> Any:
+def _rate_query(
+    spark: Any,
+    namesrv: str,
+    topic: str,
+    checkpoint: Path,
+    transform: Callable[[Any], Any] = lambda df: df,
+) -> Any:
     from pyspark.sql import functions as F
 
-    src = (spark.readStream.format("rate").option("rowsPerSecond", 300)
-           .option("numPartitions", 2).load())
-    rows = transform(src).select(F.col("value").cast("string").alias("value"),
-                                 F.lit(200).cast("long").alias("delay_ms"))
-    return (rows.writeStream.format("qclient").option("namesrv", namesrv)
-            .option("topic", topic).option("rows_per_send", 50)
-            .option("checkpointLocation", str(checkpoint))
-            .trigger(processingTime="500 milliseconds").start())
+    src = (
+        spark.readStream.format("rate")
+        .option("rowsPerSecond", 300)
+        .option("numPartitions", 2)
+        .load()
+    )
+    rows = transform(src).select(
+        F.col("value").cast("string").alias("value"), F.lit(200).cast("long").alias("delay_ms")
+    )
+    return (
+        rows.writeStream.format("qclient")
+        .option("namesrv", namesrv)
+        .option("topic", topic)
+        .option("rows_per_send", 50)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(processingTime="500 milliseconds")
+        .start()
+    )
 
 
 def _reported(query: Any) -> int:
@@ -121,8 +142,9 @@ def _assert_each_value_once(got: list[ReceivedMessage], reported: int) -> None:
     assert max(by_value.values()) == 1  # and none twice
 
 
-def test_streaming_delivers_every_reported_row(spark: Any, cluster: LocalCluster,
-                                               topic: str, tmp_path: Path) -> None:
+def test_streaming_delivers_every_reported_row(
+    spark: Any, cluster: LocalCluster, topic: str, tmp_path: Path
+) -> None:
     query = _rate_query(spark, cluster.namesrv, topic, tmp_path / "ck")
     try:
         _wait_for(lambda: _reported(query) >= 600, 60, "600 rows through the stream")
@@ -130,14 +152,16 @@ def test_streaming_delivers_every_reported_row(spark: Any, cluster: LocalCluster
         query.stop()
     assert query.exception() is None
     reported = _reported(query)
-    got = drain(cluster.namesrv, topic,
-                lambda ms: set(range(reported)) <= {int(m.body) for m in ms})
+    got = drain(
+        cluster.namesrv, topic, lambda ms: set(range(reported)) <= {int(m.body) for m in ms}
+    )
     _assert_each_value_once(got, reported)
     assert all(m.fired_at_ms >= m.deliver_at_ms for m in got)
 
 
-def test_streaming_restart_after_failure_mid_batch(spark: Any, cluster: LocalCluster,
-                                                   topic: str, tmp_path: Path) -> None:
+def test_streaming_restart_after_failure_mid_batch(
+    spark: Any, cluster: LocalCluster, topic: str, tmp_path: Path
+) -> None:
     from pyspark.sql import functions as F
     from pyspark.sql.types import LongType
 
@@ -156,8 +180,9 @@ def test_streaming_restart_after_failure_mid_batch(spark: Any, cluster: LocalClu
 
     guard = F.udf(fail_once, LongType()).asNondeterministic()
     ck = tmp_path / "ck"
-    query = _rate_query(spark, cluster.namesrv, topic, ck,
-                        lambda df: df.withColumn("value", guard("value")))
+    query = _rate_query(
+        spark, cluster.namesrv, topic, ck, lambda df: df.withColumn("value", guard("value"))
+    )
     try:
         _wait_for(lambda: not query.isActive, 60, "the injected failure to stop the query")
     finally:
@@ -166,8 +191,9 @@ def test_streaming_restart_after_failure_mid_batch(spark: Any, cluster: LocalClu
     first_reported = _reported(query)
 
     marker.unlink()
-    query = _rate_query(spark, cluster.namesrv, topic, ck,
-                        lambda df: df.withColumn("value", guard("value")))
+    query = _rate_query(
+        spark, cluster.namesrv, topic, ck, lambda df: df.withColumn("value", guard("value"))
+    )
     try:
         _wait_for(lambda: _reported(query) >= 600, 60, "the restarted query to go on")
     finally:
@@ -176,22 +202,26 @@ def test_streaming_restart_after_failure_mid_batch(spark: Any, cluster: LocalClu
     # Offsets continue from the checkpoint: the failed batch was replayed first.
     reported = first_reported + _reported(query)
     assert reported > threshold
-    got = drain(cluster.namesrv, topic,
-                lambda ms: set(range(reported)) <= {int(m.body) for m in ms})
+    got = drain(
+        cluster.namesrv, topic, lambda ms: set(range(reported)) <= {int(m.body) for m in ms}
+    )
     _assert_each_value_once(got, reported)
 
 
-def test_pandas_udf_sends_and_returns_ids(spark: Any, cluster: LocalCluster,
-                                          topic: str) -> None:
+def test_pandas_udf_sends_and_returns_ids(spark: Any, cluster: LocalCluster, topic: str) -> None:
     from pyspark.sql import functions as F
 
     import spark_udfs
 
     send = spark_udfs.send_delayed_udf(cluster.namesrv, topic)
     df = spark.range(0, 300, numPartitions=2).select(
-        F.col("id").cast("string").alias("value"), (F.col("id") % 3 * 100).alias("delay_ms"))
-    rows = df.select("value", send("value", "delay_ms").alias("r")).select(
-        "value", "r.msg_id", "r.status", "r.error").collect()
+        F.col("id").cast("string").alias("value"), (F.col("id") % 3 * 100).alias("delay_ms")
+    )
+    rows = (
+        df.select("value", send("value", "delay_ms").alias("r"))
+        .select("value", "r.msg_id", "r.status", "r.error")
+        .collect()
+    )
     assert len(rows) == 300
     assert {r.status for r in rows} == {"SEND_OK"} and {r.error for r in rows} == {None}
     ids = {r.msg_id: r.value for r in rows}
@@ -200,8 +230,7 @@ def test_pandas_udf_sends_and_returns_ids(spark: Any, cluster: LocalCluster,
     assert {m.msg_id: m.body.decode() for m in got} == ids
 
 
-def test_broker_killed_during_batch_write(spark: Any, cluster: LocalCluster,
-                                         topic: str) -> None:
+def test_broker_killed_during_batch_write(spark: Any, cluster: LocalCluster, topic: str) -> None:
     from pyspark.sql import functions as F
 
     n = 10_000

@@ -15,8 +15,14 @@ FAKE = "fake_producer:FakeProducer"
 
 
 def _writer(df: Any, topic: str, factory: str = FAKE) -> Any:
-    return (df.write.format("qclient").option("namesrv", "127.0.0.1:1").option("topic", topic)
-            .option("producer_factory", factory).option("rows_per_send", 64).mode("append"))
+    return (
+        df.write.format("qclient")
+        .option("namesrv", "127.0.0.1:1")
+        .option("topic", topic)
+        .option("producer_factory", factory)
+        .option("rows_per_send", 64)
+        .mode("append")
+    )
 
 
 def test_batch_write_every_column(spark: Any, topic: str) -> None:
@@ -60,12 +66,15 @@ def test_msg_id_column_and_per_row_topic(spark: Any, topic: str) -> None:
     assert len(fake_sent(topic)) == 90
 
 
-@pytest.mark.parametrize(("make", "needle"), [
-    (lambda F, df: df.withColumn("colour", F.lit("red")), "unknown column 'colour'"),
-    (lambda F, df: df.withColumn("delay_ms", F.lit("soon")), "'delay_ms' must be an integer"),
-    (lambda F, df: df.withColumn("deliver_at", F.lit(5)), "'deliver_at' must be timestamp"),
-    (lambda F, df: df.withColumnRenamed("value", "body"), "needs a 'value' column"),
-])
+@pytest.mark.parametrize(
+    ("make", "needle"),
+    [
+        (lambda F, df: df.withColumn("colour", F.lit("red")), "unknown column 'colour'"),
+        (lambda F, df: df.withColumn("delay_ms", F.lit("soon")), "'delay_ms' must be an integer"),
+        (lambda F, df: df.withColumn("deliver_at", F.lit(5)), "'deliver_at' must be timestamp"),
+        (lambda F, df: df.withColumnRenamed("value", "body"), "needs a 'value' column"),
+    ],
+)
 def test_schema_errors_before_any_task(spark: Any, topic: str, make: Any, needle: str) -> None:
     from pyspark.sql import functions as F
 
@@ -110,10 +119,12 @@ def test_foreach_batch_helper(spark: Any, topic: str) -> None:
 
     import spark_udfs
 
-    write = spark_udfs.foreach_batch_writer("127.0.0.1:1", topic, producer_factory=FAKE,
-                                            job_id="fb-test")
+    write = spark_udfs.foreach_batch_writer(
+        "127.0.0.1:1", topic, producer_factory=FAKE, job_id="fb-test"
+    )
     df = spark.range(0, 500, numPartitions=2).select(
-        F.col("id").cast("string").alias("value"), F.lit(100).cast("long").alias("delay_ms"))
+        F.col("id").cast("string").alias("value"), F.lit(100).cast("long").alias("delay_ms")
+    )
     write(df, 7)
     write(df, 7)  # a replayed batch: the same ids again
     sent = fake_sent(topic)
