@@ -66,8 +66,8 @@ def make_foreach_batch_writer(
 ) -> Callable[[DataFrame, int], None]:
     """Build the ``foreachBatch`` function; options are validated here, on the driver.
 
-    Ids are scoped by the option ``job_id`` (give a stable one to make a restarted query
-    idempotent) or else by an id made here, plus the batch id.
+    Ids are scoped by the batch id and the option ``job_id``, else the streaming query's
+    id (stable across restarts from a checkpoint), else an id made here.
     """
     from ._datasource import check_schema
 
@@ -75,11 +75,14 @@ def make_foreach_batch_writer(
     if topic is not None:
         raw["topic"] = topic
     opts = parse_options(raw)
-    writer_id = opts.job_id or new_job_id()
+    fallback_id = new_job_id()
 
     def write_batch(df: DataFrame, batch_id: int) -> None:
         check_schema(df.schema, has_topic_option=opts.topic is not None)
-        scope = streaming_scope(writer_id, batch_id)
+        # The streaming query's id survives restarts from the checkpoint; it is set as a
+        # local property while foreachBatch runs (checked with Spark 4.3).
+        query_id = df.sparkSession.sparkContext.getLocalProperty("sql.streaming.queryId")
+        scope = streaming_scope(opts.job_id or query_id or fallback_id, batch_id)
         rows = df.mapInArrow(_partition_writer(opts, scope), _COUNTS_SCHEMA).collect()
         counts = []
         for r in rows:

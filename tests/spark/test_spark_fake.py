@@ -130,3 +130,35 @@ def test_foreach_batch_helper(spark: Any, topic: str) -> None:
     sent = fake_sent(topic)
     assert len(sent) == 1000 and len({m["msg_id"] for m in sent}) == 500
     assert all(m["delay"] == 0.1 for m in sent)
+
+
+def test_foreach_batch_ids_follow_the_query_id(spark: Any, topic: str, tmp_path: Any) -> None:
+    import time
+
+    from pyspark.sql import functions as F
+
+    import spark_udfs
+    from spark_udfs._ids import IdScope, streaming_scope
+
+    write = spark_udfs.foreach_batch_writer("127.0.0.1:1", topic, producer_factory=FAKE)
+    src = spark.readStream.format("rate").option("rowsPerSecond", 50).load()
+    query = (
+        src.select(F.col("value").cast("string").alias("value"))
+        .writeStream.foreachBatch(write)
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .trigger(processingTime="500 milliseconds")
+        .start()
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while sum(p["numInputRows"] for p in query.recentProgress) < 20:
+            assert time.monotonic() < deadline, "no rows through foreachBatch"
+            time.sleep(0.2)
+    finally:
+        query.stop()
+    sent = fake_sent(topic)
+    assert sent
+    # Every id is <digest of (query id, batch id)>-<partition>-<row>: a restart of the
+    # query from its checkpoint re-derives the same ids for a replayed batch.
+    digests = {IdScope(streaming_scope(query.id, b), 0).digest: b for b in range(50)}
+    assert all(m["msg_id"].split("-")[0] in digests for m in sent)
