@@ -69,7 +69,7 @@ def make_foreach_batch_writer(
     Ids are scoped by the batch id and the option ``job_id``, else the streaming query's
     id (stable across restarts from a checkpoint), else an id made here.
     """
-    from ._datasource import check_schema
+    from ._schema import check_schema
 
     raw = {"namesrv": namesrv, **options}
     if topic is not None:

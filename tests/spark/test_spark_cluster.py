@@ -267,3 +267,46 @@ def test_broker_killed_during_batch_write(spark: Any, cluster: LocalCluster, top
     cluster.wait_registered()
     got = drain(cluster.namesrv, topic, lambda ms: len({m.msg_id for m in ms}) >= n)
     assert sorted(int(b) for b in {m.msg_id: m.body for m in got}.values()) == list(range(n))
+
+
+def test_credentials_as_options(spark: Any, tmp_path: Path) -> None:
+    import json
+
+    from pyspark.sql import functions as F
+
+    secret, wrong = "s3cret-for-spark-test", "not-the-secret-value"
+    auth = tmp_path / "auth.json"
+    auth.write_text(
+        json.dumps(
+            {"accounts": [{"access_key": "etl", "secret_key": secret, "topics": ["signed_*"]}]}
+        )
+    )
+    df = spark.range(0, 100, numPartitions=2).select(F.col("id").cast("string").alias("value"))
+    with LocalCluster(brokers=1, auth_file=str(auth)) as c:
+        (
+            df.write.format("qclient")
+            .option("namesrv", c.namesrv)
+            .option("topic", "signed_t")
+            .option("accessKey", "etl")
+            .option("secretKey", secret)
+            .mode("append")
+            .save()
+        )
+        with pytest.raises(Exception) as info:
+            (
+                df.write.format("qclient")
+                .option("namesrv", c.namesrv)
+                .option("topic", "signed_t")
+                .option("access_key", "etl")
+                .option("secret_key", wrong)
+                .mode("append")
+                .save()
+            )
+        text = str(info.value)
+        assert "AuthError" in text and wrong not in text and secret not in text
+        got: list[ReceivedMessage] = []
+        with Consumer(c.namesrv, "signed_t", "g", access_key="etl", secret_key=secret) as consumer:
+            deadline = time.monotonic() + 30
+            while len(got) < 100 and time.monotonic() < deadline:
+                got.extend(consumer.poll(100, 0.5))
+    assert sorted(int(m.body) for m in got) == list(range(100))
