@@ -66,7 +66,7 @@ def test_send_async_validation_raises_at_once() -> None:
         p.send_async(Message("t", b"x", delay=-1))
 
 
-def test_buffer_full_blocks_then_raises() -> None:
+def test_buffer_full_blocks_or_raises() -> None:
     with fake_cluster(1) as (ns, (broker,)):
         p = Producer(ns.addr, send_timeout=0.5, max_buffered_messages=50, linger_ms=1,
                      batch_max_messages=10, start_detector_enable=False)
@@ -74,11 +74,20 @@ def test_buffer_full_blocks_then_raises() -> None:
             p.send("t", b"warm")
             broker.mode = "hang"
             t0 = time.monotonic()
-            with pytest.raises(BufferFullError):
-                for i in range(1000):
+            full, blocked = None, 0.0
+            for i in range(1000):
+                t = time.monotonic()
+                try:
                     p.send_async(Message("t", f"m{i}"))
+                except BufferFullError as exc:
+                    full = exc
+                    break
+                blocked = max(blocked, time.monotonic() - t)
+                assert p._sender is not None and p._sender.accumulator.buffered <= 50
+                if blocked > 0.2:
+                    break
+            assert full is not None or blocked > 0.2  # held back or refused, never unbounded
             assert time.monotonic() - t0 < 5
-            assert p._sender is not None and p._sender.accumulator.buffered <= 50
         finally:
             broker.mode = "ok"
             broker.release.set()
@@ -122,3 +131,44 @@ def test_async_producer_coalesces_concurrent_sends() -> None:
 
 def test_wait_until_helper_is_bounded() -> None:
     assert not wait_until(lambda: False, 0.05)
+
+
+def test_accumulator_bound_linger_and_flush_force() -> None:
+    from concurrent.futures import Future
+
+    from qclient._config import ProducerConfig
+    from qclient._validation import to_wire
+    from qclient.fault import ThreadLocalIndex
+    from qclient.producer._core import Item
+    from qclient.producer.message_accumulator import MessageAccumulator
+    from qclient.routing import TopicPublishInfo
+
+    from .conftest import route
+
+    cfg = ProducerConfig.create("h:1", max_buffered_messages=3, batch_max_messages=2,
+                                linger_ms=500)
+    info = TopicPublishInfo.from_route("t", route(), index=ThreadLocalIndex())
+    wakes: list[int] = []
+    acc = MessageAccumulator(cfg, lambda: wakes.append(1))
+
+    def add() -> None:
+        acc.append(Item(0, to_wire(cfg, "t", b"x"), info, info.queues[0]), Future(),
+                   "broker-a", 0.1)
+
+    add()
+    add()  # full batch of 2: ready
+    add()
+    t0 = time.monotonic()
+    with pytest.raises(BufferFullError):
+        add()  # 3 buffered: blocks 0.1 s, then refuses
+    assert time.monotonic() - t0 >= 0.09
+    in_flight: dict[str, int] = {}
+    ready, due = acc.drain(time.monotonic(), in_flight, 4)
+    assert [len(b.items) for b in ready] == [2] and due is not None  # the open one lingers
+    ready2, _ = acc.drain(due + 0.001, in_flight, 4)
+    assert [len(b.items) for b in ready2] == [1] and in_flight == {"broker-a": 2}
+    for b in ready + ready2:
+        acc.complete(b)
+    assert acc.buffered == 0
+    add()  # room again
+    assert wakes

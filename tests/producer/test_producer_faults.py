@@ -43,23 +43,24 @@ def test_fault_tolerance_off_pays_every_time() -> None:
                                                   send_latency_fault_enable=False) as p:
         p.send("t", b"warm")
         a.mode = "hang"
-        slow = hits = 0
+        hits = 0
         for _ in range(40):  # every send whose first pick is the hung broker pays a timeout
             before = a.sends
             t0 = time.monotonic()
             assert p.send("t", b"x").broker_name == "broker-b"
-            slow += time.monotonic() - t0 > 0.25
-            hits += a.sends > before
+            if a.sends > before:
+                hits += 1
+                assert time.monotonic() - t0 >= 0.28  # its attempt share: 0.6 s / 2
             if hits >= 3:
                 break
-        assert hits >= 3 and slow == hits
+        assert hits >= 3
         assert p.fault_items() == []
-        # runtime toggle: on from now
+        # runtime toggle: on from now; at most one more attempt goes to the hung broker
         p.send_latency_fault_enable = True
-        t0 = time.monotonic()
+        before = a.sends
         for _ in range(8):
             p.send("t", b"y")
-        assert time.monotonic() - t0 < 0.6 + 0.5  # at most one more timed-out attempt
+        assert a.sends - before <= 1
 
 
 def test_send_failure_refreshes_route_at_once() -> None:
