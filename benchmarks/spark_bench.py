@@ -55,10 +55,35 @@ def _rows(spark: Any, n: int, partitions: int) -> Any:
     )
 
 
-def _timed(fn: Any) -> float:
+def _cpu(pids: set[int] | None, exclude: set[int]) -> float:
+    """CPU seconds of ``pids``, or of this process and all its descendants but ``exclude``."""
+    import psutil
+
+    me = psutil.Process()
+    procs = (
+        [psutil.Process(p) for p in pids]
+        if pids is not None
+        else [me, *me.children(recursive=True)]
+    )
+    total = 0.0
+    for proc in procs:
+        if proc.pid in exclude:
+            continue
+        try:
+            t = proc.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:  # a process that ended meanwhile
+            pass
+    return total
+
+
+def _timed(fn: Any, brokers: set[int]) -> tuple[float, float, float]:
+    """Wall seconds, CPU seconds of Spark (driver, JVM, Python workers), of the brokers."""
+    s0, b0 = _cpu(None, brokers), _cpu(brokers, set())
     t0 = time.perf_counter()
     fn()
-    return time.perf_counter() - t0
+    wall = time.perf_counter() - t0
+    return wall, _cpu(None, brokers) - s0, _cpu(brokers, set()) - b0
 
 
 def run(
@@ -131,9 +156,12 @@ def run(
             pandas_udf(2000)
             per_row(200)
 
-            t_ds = _timed(lambda: datasource(rows, "bench_ds"))
-            t_udf = _timed(lambda: pandas_udf(udf_rows))
-            t_naive = _timed(lambda: per_row(naive_rows))
+            # the name server too: it is no Spark process
+            servers = {b.pid for b in cluster.brokers} | {cluster.namesrv_node.pid}
+            brokers = {p for p in servers if p is not None}
+            t_ds, spark_ds, broker_ds = _timed(lambda: datasource(rows, "bench_ds"), brokers)
+            t_udf, spark_udf, broker_udf = _timed(lambda: pandas_udf(udf_rows), brokers)
+            t_naive, spark_nv, broker_nv = _timed(lambda: per_row(naive_rows), brokers)
     finally:
         spark.stop()
     ds, pu, nv = rows / t_ds, udf_rows / t_udf, naive_rows / t_naive
@@ -145,6 +173,20 @@ def run(
             "per_row_udf": round(t_naive, 2),
         },
         "throughput": {"datasource": round(ds), "pandas_udf": round(pu), "per_row_udf": round(nv)},
+        "cpu_us_per_row": {
+            "datasource": {
+                "spark": round(spark_ds / rows * 1e6, 1),
+                "brokers": round(broker_ds / rows * 1e6, 1),
+            },
+            "pandas_udf": {
+                "spark": round(spark_udf / udf_rows * 1e6, 1),
+                "brokers": round(broker_udf / udf_rows * 1e6, 1),
+            },
+            "per_row_udf": {
+                "spark": round(spark_nv / naive_rows * 1e6, 1),
+                "brokers": round(broker_nv / naive_rows * 1e6, 1),
+            },
+        },
         "ratio_datasource_to_per_row": round(ds / nv, 1),
         "ratio_pandas_udf_to_per_row": round(pu / nv, 1),
         "targets": [
@@ -194,6 +236,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"data source   {res['rows']['datasource']:>8} rows  {tp['datasource']:>8} rows/s")
     print(f"pandas UDF    {res['rows']['pandas_udf']:>8} rows  {tp['pandas_udf']:>8} rows/s")
     print(f"per-row UDF   {res['rows']['per_row_udf']:>8} rows  {tp['per_row_udf']:>8} rows/s")
+    cpu = res["cpu_us_per_row"]
+    for name in ("datasource", "pandas_udf", "per_row_udf"):
+        print(
+            f"CPU per row, {name}: Spark {cpu[name]['spark']} us, brokers {cpu[name]['brokers']} us"
+        )
     print(
         f"data source / per-row: {res['ratio_datasource_to_per_row']}x, "
         f"pandas UDF / per-row: {res['ratio_pandas_udf_to_per_row']}x"
