@@ -160,11 +160,14 @@ class Producer(ProducerBase):
         if ``timeout`` passes first)."""
         sender = self._sender
         if sender is not None:
+            self._not_from_callback("flush")
             sender.accumulator.flush(timeout)
 
     def close(self, timeout: float | None = None) -> None:
         """Flush, stop the background threads, close connections. Idempotent; every
         ``send_async`` future is completed (result or exception) when it returns."""
+        if self._sender is not None:
+            self._not_from_callback("close")
         with self._lock:
             if self._closed:
                 return
@@ -177,6 +180,12 @@ class Producer(ProducerBase):
             self._pool.shutdown(wait=True)
         self._http.close()
         self._ns.close()
+
+    @staticmethod
+    def _not_from_callback(what: str) -> None:
+        # callbacks run on the completion thread, which is what flush/close wait for
+        if threading.current_thread().name.startswith("qclient-callback"):
+            raise RuntimeError(f"{what}() cannot be called from a send_async callback")
 
     def __enter__(self) -> Producer:
         return self
