@@ -147,8 +147,8 @@ class Peer(abc.ABC):
     def consumer(self, channel: str, sink: Sink) -> PeerConsumer:
         """A started consumer for ``channel``."""
 
-    def rounding_note(self) -> str | None:
-        """A note when the system cannot represent the asked delay exactly."""
+    def note(self) -> str | None:
+        """A caveat to print under the table (how the delay is represented, what limits it)."""
         return None
 
 

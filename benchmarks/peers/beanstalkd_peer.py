@@ -115,7 +115,7 @@ class BeanstalkPeer(Peer):
     def consumer(self, channel: str, sink: Sink) -> PeerConsumer:
         return BeanstalkConsumer(self.port, channel, sink).start()
 
-    def rounding_note(self) -> str | None:
+    def note(self) -> str | None:
         return "delays are whole seconds: each is rounded up, so lateness includes up to 1 s"
 
 

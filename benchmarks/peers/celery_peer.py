@@ -126,6 +126,12 @@ class CeleryPeer(Peer):
             self.worker.stop()
         self.redis.stop()
 
+    def note(self) -> str | None:
+        return (
+            "countdown tasks are fetched by the worker at once and held in its memory until "
+            "their ETA; their unacknowledged copies live in Redis (default config: no AOF)"
+        )
+
     def producer(self, channel: str) -> PeerProducer:
         return CeleryProducer(self.app, channel)
 

@@ -190,6 +190,12 @@ class RabbitPeer(Peer):
         if self.epmd is not None:
             self.epmd.stop()
 
+    def note(self) -> str | None:
+        return (
+            "a message's TTL is only checked at the head of the wait queue, so a long delay "
+            "holds up shorter ones queued behind it (the known limit of this recipe)"
+        )
+
     def producer(self, channel: str) -> PeerProducer:
         return RabbitProducer(self.port, channel)
 

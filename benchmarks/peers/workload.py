@@ -232,7 +232,7 @@ def run_peer(
         if w.kill_test:
             offset = round(min(1.2 * out["enqueue_s"], 120.0), 2)
             out["kill9"] = _kill_phase(peer, w, rng, w.batch if batch else None, progress, offset)
-        note = peer.rounding_note()
+        note = peer.note()
         if note:
             out["note"] = note
         out["status"] = "ok"
