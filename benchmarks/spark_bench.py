@@ -92,6 +92,7 @@ def run(
     naive_rows: int,
     partitions: int,
     options: dict[str, str] | None = None,
+    smoke: bool = False,
 ) -> dict[str, Any]:
     from pyspark.sql import SparkSession
 
@@ -152,9 +153,10 @@ def run(
                 assert ok == n, f"per-row UDF: {ok} of {n} SEND_OK: {out}"
 
             # Warm-up: Python workers, producers and routes exist before any timing.
-            datasource(2000, "bench_ds")
-            pandas_udf(2000)
-            per_row(200)
+            warm = 10 if smoke else 1
+            datasource(2000 // warm, "bench_ds")
+            pandas_udf(2000 // warm)
+            per_row(200 // warm)
 
             # the name server too: it is no Spark process
             servers = {b.pid for b in cluster.brokers} | {cluster.namesrv_node.pid}
@@ -231,7 +233,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     _stop_on_sigterm()
     options = dict(o.split("=", 1) for o in args.option)
-    res = run(args.rows, args.udf_rows, args.naive_rows, args.partitions, options)
+    res = run(args.rows, args.udf_rows, args.naive_rows, args.partitions, options, args.smoke)
+    if args.smoke:
+        del res["targets"]  # tiny N measures start-up, not throughput
     tp = res["throughput"]
     print(f"data source   {res['rows']['datasource']:>8} rows  {tp['datasource']:>8} rows/s")
     print(f"pandas UDF    {res['rows']['pandas_udf']:>8} rows  {tp['pandas_udf']:>8} rows/s")
