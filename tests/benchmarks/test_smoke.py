@@ -188,3 +188,36 @@ def test_percentile_nearest_rank() -> None:
     assert percentile(xs, 99) == 99.0
     assert percentile(xs, 100) == 100.0
     assert percentile([5.0], 99) == 5.0
+
+
+def test_short_form_targets_and_pretty_json() -> None:
+    """broker_bench's ``{"metric>=": n}`` targets are checked against its nested numbers;
+    a pretty-printed final object is still found."""
+    from benchmarks._suite.report import declared_targets
+    from benchmarks._suite.runner import _last_json
+
+    res = {
+        "accept": {"accepted_msgs_per_s": 41000.0},
+        "firing": {"lateness_p99_ms": 12.0, "early": 0},
+        "targets": {"accepted_msgs_per_s>=": 30000, "lateness_p99_ms<=": 10, "early==": 0},
+    }
+    got = {t["name"]: (t["value"], t["met"]) for t in declared_targets(res)}
+    assert got == {
+        "accepted_msgs_per_s": (41000.0, True),
+        "lateness_p99_ms": (12.0, False),
+        "early": (0, True),
+    }
+    assert _last_json('log line\n{\n  "a": 1,\n  "b": {"c": 2}\n}\n') == {"a": 1, "b": {"c": 2}}
+    assert _last_json("x\nnot json\n") is None
+
+
+def test_merge_keeps_earlier_results(tmp_path: Path) -> None:
+    """--merge keeps what an earlier run wrote for the scenarios not run now."""
+    selftest = "benchmarks._suite._selftest"
+    first = Scenario("first", selftest, 30, smoke_args=("--mode", "ok"))
+    second = Scenario("second", selftest, 30, smoke_args=("--mode", "ok"))
+    run_suite([first], smoke=True, out_dir=tmp_path, progress=False)
+    results = run_suite([second], smoke=True, out_dir=tmp_path, progress=False, merge=True)
+    assert set(results["scenarios"]) == {"first", "second"}
+    assert results["scenarios"]["first"]["from_earlier_run"]
+    assert "from_earlier_run" not in results["scenarios"]["second"]
