@@ -108,7 +108,8 @@ def main() -> None:
                 cases.append(run_case(cluster, fault, ft, n_before=n_before,
                                       during_s=during_s, n_after=n_after, back_cap_s=cap))
     head = (f"{'case':<14}{'errors':>7}  {'before p50/p99/max ms':>24}  "
-            f"{'during p50/p99/max ms':>24}  {'after p50/p99/max ms':>24}  {'back in use':>11}")
+            f"{'during p50/p99/max ms':>24}  {'sends during':>12}  "
+            f"{'after p50/p99/max ms':>24}  {'back in use':>11}")
     print(head)
     for c in cases:
         def fmt(ph: dict[str, float]) -> str:
@@ -117,7 +118,8 @@ def main() -> None:
         name = f"{c['fault']} FT {'on' if c['fault_tolerance'] else 'off'}"
         back = f"{c['back_in_use_s']:.2f} s" if c["back_in_use_s"] >= 0 else "never"
         print(f"{name:<14}{c['errors_surfaced']:>7}  {fmt(c['before']):>24}  "
-              f"{fmt(c['during']):>24}  {fmt(c['after']):>24}  {back:>11}")
+              f"{fmt(c['during']):>24}  {c['during']['n']:>12}  {fmt(c['after']):>24}  "
+              f"{back:>11}")
     if args.json:
         out: dict[str, Any] = {"smoke": args.smoke, "timeline": {}, "targets": [],
                                "notes": ["send_timeout=3 s, retry_times=2: a per-attempt "
