@@ -2,9 +2,42 @@
 
 ``import spark_udfs`` is cheap: pyspark is imported only when one of these is used.
 
->>> import spark_udfs
->>> spark_udfs.register(spark)
->>> df.write.format("qclient").option("namesrv", addr).option("topic", "t").save()
+Usage (PySpark 4.1+)::
+
+    import spark_udfs
+    spark_udfs.register(spark)
+    (df.write.format("qclient").option("namesrv", "127.0.0.1:9876")
+       .option("topic", "reminders").mode("append").save())
+    (df.writeStream.format("qclient").option("namesrv", addr).option("topic", "t")
+       .option("checkpointLocation", path).start())
+
+Columns: ``value`` (string or binary, required); optional ``key``, ``topic`` (per-row
+topic, overrides the option), ``deliver_at`` (timestamp), ``delay_ms`` (integer),
+``tags``, ``properties`` (map<string,string>), ``msg_id``. Neither ``deliver_at`` nor
+``delay_ms`` set on a row: immediate delivery; both set: an error. Any other column, or
+one of the wrong type, fails the write before a task runs.
+
+Options (case, ``_`` and ``.`` do not matter: ``sendTimeout`` = ``send_timeout``):
+
+- every ``qclient.Producer`` option: ``namesrv`` (required), ``send_timeout``,
+  ``retry_times``, ``send_latency_fault_enable``, ``batch_max_messages``, ``linger_ms``,
+  ``access_key`` / ``secret_key``, ... (all of ``ProducerConfig``'s fields);
+- ``topic``; ``rows_per_send`` (rows per ``send_batch`` call, 1000); ``max_in_flight``
+  (``send_batch`` calls of one partition at once, 2); ``write_retries`` (re-sends of
+  rows that failed retryably, 2) and ``retry_backoff`` (0.2 s, doubling);
+  ``on_error`` (``fail``: the task fails naming the broker and the cause, Spark retries
+  it; ``skip``: count, log and go on); ``job_id`` (batch writes: a fixed id scope, so a
+  re-run of the same write is deduplicated); ``log_level`` (of ``spark_udfs`` in the
+  worker processes); ``producer_factory`` (``"module:callable"``, for tests).
+
+Message ids: from a ``msg_id`` column, else derived from (query id, batch id) or the
+job-level id, plus partition id and row position; each id is sent to the same broker
+while that broker is healthy, so the broker's deduplication makes a retried task or a
+replayed micro-batch harmless (when the input replays the same rows in the same order).
+Each partition's counts (sent, retried, failed, per broker) go back in the commit
+message and ``commit`` logs one line per batch. Python data sources are looked up
+through the thread's *active* SparkSession: in a thread of your own, call
+``spark_udfs.activate(spark)`` there first.
 """
 
 from __future__ import annotations
@@ -16,7 +49,7 @@ if TYPE_CHECKING:
 
     from pyspark.sql import Column, DataFrame, SparkSession
 
-__all__ = ["FORMAT", "foreach_batch_writer", "register", "send_delayed_udf"]
+__all__ = ["FORMAT", "activate", "foreach_batch_writer", "register", "send_delayed_udf"]
 
 #: The data source's format name.
 FORMAT = "qclient"
@@ -27,6 +60,18 @@ def register(spark: SparkSession) -> None:
     from ._datasource import QClientDataSource
 
     spark.dataSource.register(QClientDataSource)
+
+
+def activate(spark: SparkSession) -> None:
+    """Make ``spark`` the active session of the calling thread.
+
+    Spark (4.3) finds Python data sources through the thread's active session; a thread
+    other than the one that built the session has none, and ``format("qclient")`` then
+    fails with DATA_SOURCE_NOT_FOUND even though the source is registered.
+    """
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)
 
 
 def send_delayed_udf(namesrv: str, topic: str, **options: Any) -> Callable[..., Column]:

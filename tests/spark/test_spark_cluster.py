@@ -233,6 +233,8 @@ def test_pandas_udf_sends_and_returns_ids(spark: Any, cluster: LocalCluster, top
 def test_broker_killed_during_batch_write(spark: Any, cluster: LocalCluster, topic: str) -> None:
     from pyspark.sql import functions as F
 
+    import spark_udfs
+
     n = 10_000
     victim = cluster.brokers[0]
     df = spark.range(0, n, numPartitions=4).select(F.col("id").cast("string").alias("value"))
@@ -242,7 +244,7 @@ def test_broker_killed_during_batch_write(spark: Any, cluster: LocalCluster, top
         try:
             # Spark 4.3 finds Python data sources through the thread's *active* session;
             # a new thread has none (the default session is not enough).
-            spark._jvm.SparkSession.setActiveSession(spark._jsparkSession)
+            spark_udfs.activate(spark)
             _write(df, cluster.namesrv, topic, rows_per_send=10).save()
         except BaseException as exc:  # reported by the assertion below
             error.append(exc)
