@@ -312,3 +312,20 @@ def test_credentials_as_options(spark: Any, tmp_path: Path) -> None:
             while len(got) < 100 and time.monotonic() < deadline:
                 got.extend(consumer.poll(100, 0.5))
     assert sorted(int(m.body) for m in got) == list(range(100))
+
+
+def test_pinned_sends_put_an_id_on_the_same_broker(cluster: LocalCluster, topic: str) -> None:
+    """The affinity path drives the producer's internals: this is its canary without Spark."""
+    from qclient import Message, Producer
+    from spark_udfs._affinity import send_batch_pinned
+
+    msgs = [Message(topic, f"m{i}", msg_id=f"{topic}-{i}") for i in range(400)]
+    with Producer(cluster.namesrv) as p1, Producer(cluster.namesrv) as p2:
+        first = send_batch_pinned(p1, msgs)
+        again = send_batch_pinned(p2, msgs)  # another process's producer, same ids
+    assert [(r.broker_name, r.queue_id) for r in first] == [
+        (r.broker_name, r.queue_id) for r in again
+    ]
+    assert {r.broker_name for r in first} == {b.name for b in cluster.brokers}
+    got = drain(cluster.namesrv, topic, lambda ms: len(ms) >= 400)
+    assert len(got) == 400
