@@ -413,6 +413,9 @@ class ProducerCore:
                 answer = decode(resp.content, SendResponse, resp.media_type)
                 if len(answer.results) != len(items):
                     raise ValueError(f"{len(answer.results)} results for {len(items)} messages")
+                if any(r.msg_id != it.wire.msg_id
+                       for it, r in zip(items, answer.results, strict=True)):
+                    raise ValueError("results not in the order of the request's messages")
             except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
                 err = BrokerUnavailableError(f"broker {broker} sent a bad answer: {exc}",
                                              broker_name=broker)
