@@ -22,7 +22,8 @@ Options (case, ``_`` and ``.`` do not matter: ``sendTimeout`` = ``send_timeout``
 - every ``qclient.Producer`` option: ``namesrv`` (required), ``send_timeout``,
   ``retry_times``, ``send_latency_fault_enable``, ``batch_max_messages``, ``linger_ms``,
   ``access_key`` / ``secret_key``, ... (all of ``ProducerConfig``'s fields);
-- ``topic``; ``rows_per_send`` (rows per ``send_batch`` call, 1000); ``max_in_flight``
+  ``batch_max_messages`` defaults to 1000 here (fewer, larger requests: less CPU);
+- ``topic``; ``rows_per_send`` (rows per ``send_batch`` call, 2000); ``max_in_flight``
   (``send_batch`` calls of one partition at once, 2); ``write_retries`` (re-sends of
   rows that failed retryably, 2) and ``retry_backoff`` (0.2 s, doubling);
   ``on_error`` (``fail``: the task fails naming the broker and the cause, Spark retries

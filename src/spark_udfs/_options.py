@@ -82,7 +82,7 @@ PRODUCER_OPTIONS: dict[str, Callable[[str, Any], Any]] = {
 #: Options of the sink itself, with their defaults.
 SINK_DEFAULTS: dict[str, Any] = {
     "topic": None,  # required unless every row has a `topic` value
-    "rows_per_send": 1000,  # rows handed to one Producer.send_batch call
+    "rows_per_send": 2000,  # rows handed to one Producer.send_batch call
     "max_in_flight": 2,  # send_batch calls of one partition running at once
     "write_retries": 2,  # re-sends of rows a send_batch could not place
     "retry_backoff": 0.2,  # seconds before the first re-send, doubled each round
@@ -91,6 +91,10 @@ SINK_DEFAULTS: dict[str, Any] = {
     "producer_factory": None,  # "module:callable" returning a Producer-like object
     "log_level": None,  # e.g. INFO: log level of spark_udfs in the worker processes
 }
+
+#: Producer options whose default differs in the sink. Larger requests cost less CPU per
+#: row on both sides (spark_bench: Spark 44 -> 29 us, brokers 19 -> 12 us per row).
+SINK_PRODUCER_DEFAULTS: dict[str, Any] = {"batch_max_messages": 1000}
 
 _SINK_CONVERTERS: dict[str, Callable[[str, Any], Any]] = {
     "topic": _str,
@@ -179,7 +183,7 @@ class SinkOptions:
 
     topic: str | None
     producer_kwargs: dict[str, Any] = field(default_factory=dict)
-    rows_per_send: int = 1000
+    rows_per_send: int = 2000
     max_in_flight: int = 2
     write_retries: int = 2
     retry_backoff: float = 0.2
@@ -242,6 +246,8 @@ def parse_options(options: Mapping[str, Any], *, require_topic: bool = False) ->
         raise OptionError("option 'namesrv' is required (host:port[,host:port...])")
     if ("access_key" in producer_kwargs) != ("secret_key" in producer_kwargs):
         raise OptionError("options 'access_key' and 'secret_key' go together")
+    for name, value in SINK_PRODUCER_DEFAULTS.items():
+        producer_kwargs.setdefault(name, value)
     _validate_producer(producer_kwargs)
     if require_topic and not sink["topic"]:
         raise OptionError("option 'topic' is required")
