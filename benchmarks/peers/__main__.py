@@ -60,7 +60,11 @@ def run(
             peer = spec.make()
         except Exception as exc:  # an adapter that cannot even be built is one failed row
             log.exception("%s: adapter failed to load", spec.label)
-            row = {"peer": spec.label, "status": "error", "reason": f"adapter: {exc}"}
+            row: dict[str, Any] = {
+                "peer": spec.label,
+                "status": "error",
+                "reason": f"adapter: {exc}",
+            }
         else:
             row = run_peer(peer, w, label=spec.label, batch=spec.batch)
         row["elapsed_s"] = round(time.perf_counter() - t0, 2)
