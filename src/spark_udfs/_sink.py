@@ -72,6 +72,27 @@ def describe(err: BaseException) -> str:
     return f"{where}: {type(err).__name__}: {err}"
 
 
+def _send_once(producer: Any, batch: list[Message]) -> list[SendResult | QClientError]:
+    """One ``send_batch`` round: an outcome per message, never an exception.
+
+    The SDK validates a whole batch before any network call and refuses all of it for one
+    bad message; the batch is then halved until the bad messages are isolated (cheap: no
+    network for the refused halves), so every other message is still sent and the error
+    names the right row.
+    """
+    try:
+        return list(send_batch_pinned(producer, batch))
+    except BatchSendError as exc:
+        return list(exc.results)
+    except InvalidMessageError as exc:
+        if len(batch) == 1:
+            return [exc]
+        mid = len(batch) // 2
+        return _send_once(producer, batch[:mid]) + _send_once(producer, batch[mid:])
+    except QClientError as exc:  # the whole call failed (no route, timeout, ...)
+        return [exc] * len(batch)
+
+
 def send_with_retries(
     producer: Any, messages: Sequence[Message], *, retries: int, backoff: float
 ) -> tuple[list[SendResult | QClientError], int]:
@@ -86,27 +107,19 @@ def send_with_retries(
     resent = 0
     attempt = 0
     while pending:
-        batch = [messages[i] for i in pending]
-        failed: list[int] = []
-        try:
-            results: Sequence[SendResult | QClientError] = send_batch_pinned(producer, batch)
-        except BatchSendError as exc:
-            results = exc.results
-        except QClientError as exc:  # the whole call failed (no route, timeout, ...)
-            results = [exc] * len(batch)
+        results = _send_once(producer, [messages[i] for i in pending])
+        retry: list[int] = []
         for i, res in zip(pending, results, strict=True):
             outcomes[i] = res
-            if isinstance(res, QClientError):
-                failed.append(i)
-        if not failed or attempt >= retries:
-            break
-        if not all(is_retryable(outcomes[i]) for i in failed):  # type: ignore[arg-type]
+            if isinstance(res, QClientError) and is_retryable(res):
+                retry.append(i)
+        if not retry or attempt >= retries:
             break
         attempt += 1
-        resent += len(failed)
-        log.debug("re-sending %d messages (round %d)", len(failed), attempt)
+        resent += len(retry)
+        log.debug("re-sending %d messages (round %d)", len(retry), attempt)
         time.sleep(backoff * (2 ** (attempt - 1)))
-        pending = failed
+        pending = retry
     return outcomes, resent
 
 

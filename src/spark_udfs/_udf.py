@@ -74,7 +74,7 @@ def send_series(
         msgs.append(
             Message(
                 topic,
-                b"" if body is None else body,
+                body,  # a null value is refused by the SDK: an error for that row only
                 msg_id=mid,
                 delay=None if d is None else timedelta(milliseconds=d),
             )

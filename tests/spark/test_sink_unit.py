@@ -17,6 +17,7 @@ from qclient.errors import (
     AuthError,
     BatchSendError,
     BrokerUnavailableError,
+    InvalidMessageError,
     QClientError,
 )
 from spark_udfs._ids import IdScope, batch_scope, streaming_scope
@@ -209,6 +210,24 @@ def test_retryable_failures_are_resent_with_the_same_ids() -> None:
     assert all(isinstance(o, SendResult) for o in outcomes)
     assert resent == 3  # m1 once, m3 twice
     assert [m.msg_id for m in prod.calls[1]] == ["m1", "m3"] and len(prod.calls) == 3
+
+
+class ValidatingProducer(ScriptedProducer):
+    """Refuses a whole batch that holds an invalid message, like the SDK (before sending)."""
+
+    def send_batch(self, messages: list[Message]) -> list[SendResult]:
+        if any(m.body == "bad" for m in messages):
+            raise InvalidMessageError("body 'bad' is not acceptable")
+        return super().send_batch(messages)
+
+
+def test_one_invalid_message_does_not_sink_its_batch() -> None:
+    prod = ValidatingProducer()
+    msgs = [Message("t", "bad" if i in (5, 6) else "ok", msg_id=f"m{i}") for i in range(16)]
+    outcomes, resent = send_with_retries(prod, msgs, retries=2, backoff=0)
+    bad = [i for i, o in enumerate(outcomes) if isinstance(o, QClientError)]
+    assert bad == [5, 6] and resent == 0  # invalid is final: not re-sent
+    assert set(prod.stored) == {f"m{i}" for i in range(16)} - {"m5", "m6"}
 
 
 def test_non_retryable_failure_is_not_resent() -> None:

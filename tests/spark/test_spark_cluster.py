@@ -215,7 +215,9 @@ def test_pandas_udf_sends_and_returns_ids(spark: Any, cluster: LocalCluster, top
 
     send = spark_udfs.send_delayed_udf(cluster.namesrv, topic)
     df = spark.range(0, 300, numPartitions=2).select(
-        F.col("id").cast("string").alias("value"), (F.col("id") % 3 * 100).alias("delay_ms")
+        F.col("id").cast("string").alias("value"),
+        # row 7 asks for a negative delay: an error for that row, the others are sent
+        F.when(F.col("id") == 7, F.lit(-1)).otherwise(F.col("id") % 3 * 100).alias("delay_ms"),
     )
     rows = (
         df.select("value", send("value", "delay_ms").alias("r"))
@@ -223,10 +225,13 @@ def test_pandas_udf_sends_and_returns_ids(spark: Any, cluster: LocalCluster, top
         .collect()
     )
     assert len(rows) == 300
-    assert {r.status for r in rows} == {"SEND_OK"} and {r.error for r in rows} == {None}
-    ids = {r.msg_id: r.value for r in rows}
-    assert len(ids) == 300
-    got = drain(cluster.namesrv, topic, lambda ms: len(ms) >= 300)
+    bad = [r for r in rows if r.status != "SEND_OK"]
+    assert [(r.value, r.status) for r in bad] == [("7", "InvalidMessageError")]
+    assert "delay" in bad[0].error
+    assert {r.error for r in rows if r.status == "SEND_OK"} == {None}
+    ids = {r.msg_id: r.value for r in rows if r.status == "SEND_OK"}
+    assert len(ids) == 299
+    got = drain(cluster.namesrv, topic, lambda ms: len(ms) >= 299)
     assert {m.msg_id: m.body.decode() for m in got} == ids
 
 
