@@ -135,11 +135,15 @@ def measure(d: Path, duration: float, repeat: int) -> list[Result]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--dir", default="/work", help="a directory on the disk to measure")
+    ap.add_argument("--dir", default=str(Path(__file__).resolve().parent.parent),
+                    help="a directory on the disk to measure (default: the repo)")
     ap.add_argument("--duration", type=float, default=2.0, help="seconds per run")
     ap.add_argument("--repeat", type=int, default=3, help="runs per case; median reported")
     ap.add_argument("--json", action="store_true", help="one JSON object on the last line")
+    ap.add_argument("--smoke", action="store_true", help="tiny run: the same code paths")
     args = ap.parse_args()
+    if args.smoke:
+        args.duration, args.repeat = 0.1, 1
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     with tempfile.TemporaryDirectory(prefix="fsync-bench-", dir=args.dir) as tmp:
         d = Path(tmp)

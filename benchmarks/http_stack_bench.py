@@ -478,7 +478,10 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=1.5, help="seconds per run")
     ap.add_argument("--repeat", type=int, default=3, help="runs per mode; median reported")
     ap.add_argument("--json", action="store_true", help="one JSON object on the last line")
+    ap.add_argument("--smoke", action="store_true", help="tiny run: aiohttp only, one round")
     args = ap.parse_args()
+    if args.smoke:
+        args.stacks, args.duration, args.repeat = "aiohttp", 0.3, 1
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if args.serve:
         SERVERS[args.serve](args.port)

@@ -152,7 +152,8 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument(
-        "--dir", default="/work", help="parent of the temp data dir (same disk as prod)"
+        "--dir", default=str(Path(__file__).resolve().parent.parent),
+        help="parent of the temp data dir (default: the repo, same disk as its data)",
     )
     ap.add_argument("--duration", type=float, default=3.0)
     ap.add_argument("--rate", type=int, default=5000)
@@ -160,7 +161,10 @@ def main() -> None:
     ap.add_argument("--inflight", type=int, default=8)
     ap.add_argument("--no-fsync", action="store_true")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--smoke", action="store_true", help="tiny run: the same code paths")
     a = ap.parse_args()
+    if a.smoke:
+        a.duration, a.rate = 0.3, 500
     fsync = not a.no_fsync
     base = Path(tempfile.mkdtemp(prefix="store-bench-", dir=a.dir))
     try:
