@@ -350,3 +350,34 @@ def test_commit_logs_one_summary_line(caplog: pytest.LogCaptureFixture) -> None:
         "qclient sink: batch 12: 6 of 6 rows sent (broker-a 4, broker-b 2), "
         "1 retried, 0 failed, 2 partitions"
     ]
+
+
+class ClosableProducer(ScriptedProducer):
+    """A factory target for the producer cache: records its arguments and closing."""
+
+    def __init__(self, namesrv: str, **kwargs: Any) -> None:
+        super().__init__()
+        self.namesrv, self.kwargs, self.closed = namesrv, kwargs, False
+
+    def close(self, timeout: float | None = None) -> None:
+        self.closed = True
+
+
+def test_producer_cache_one_per_configuration() -> None:
+    from spark_udfs import _producer_cache
+
+    base = {"namesrv": "a:1,b:2", "producer_factory": f"{__name__}:ClosableProducer"}
+    one = parse_options({**base, "send_timeout": "1.5", "secret_key": "x", "access_key": "k"})
+    same = parse_options({**base, "SendTimeout": "1.5", "secretKey": "x", "accessKey": "k"})
+    other = parse_options({**base, "send_timeout": "2"})
+    p1 = _producer_cache.get_producer(one)
+    try:
+        assert _producer_cache.get_producer(same) is p1  # a new writer, same producer
+        p2 = _producer_cache.get_producer(other)
+        assert p2 is not p1
+        assert p1.namesrv == "a:1,b:2" and p1.kwargs["send_timeout"] == 1.5
+    finally:
+        _producer_cache.close_all()
+    assert p1.closed and p2.closed
+    assert _producer_cache.get_producer(one) is not p1  # closed ones are not reused
+    _producer_cache.close_all()
