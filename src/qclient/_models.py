@@ -4,19 +4,16 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 __all__ = ["DELAY_LEVELS", "Message", "ReceivedMessage", "SendResult", "SendStatus", "delay_level"]
 
 
-class SendStatus(str, enum.Enum):
+class SendStatus(enum.StrEnum):
     """Outcome of an acknowledged send. ``SEND_OK`` means durable on the broker."""
 
     SEND_OK = "SEND_OK"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 Delay = float | int | timedelta
@@ -68,9 +65,7 @@ class SendResult:
 
     @property
     def deliver_at(self) -> datetime:
-        from datetime import timezone
-
-        return datetime.fromtimestamp(self.deliver_at_ms / 1000, tz=timezone.utc)
+        return datetime.fromtimestamp(self.deliver_at_ms / 1000, tz=UTC)
 
 
 @dataclass(frozen=True, slots=True)

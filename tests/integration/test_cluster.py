@@ -58,12 +58,20 @@ def test_not_visible_before_its_time(cluster):
 
 
 def test_same_msg_id_is_stored_once(cluster):
+    """Across 2 brokers: an id the caller chose always goes to the broker that has it."""
+    ids = [f"order-{i}" for i in range(100)]
     with Producer(cluster.namesrv) as producer:
-        first = producer.send_delayed("dedupe", b"one", delay=0.3, msg_id="order-42")
-        second = producer.send_delayed("dedupe", b"one", delay=0.3, msg_id="order-42")
-    assert second.msg_id == first.msg_id
-    got = drain(cluster.namesrv, "dedupe", "g", expected=1, timeout=10, settle=1.0)
-    assert [m.msg_id for m in got] == ["order-42"]
+        first = [producer.send_delayed("dedupe", b"one", delay=0.3, msg_id=i) for i in ids]
+        second = producer.send_batch(Message("dedupe", b"one", delay=0.3, msg_id=i) for i in ids)
+        third = producer.send_async(Message("dedupe", b"one", delay=0.3, msg_id=ids[0]))
+        producer.flush()
+    assert [r.msg_id for r in second] == ids
+    assert [(r.broker_name, r.deliver_at_ms) for r in second] == [
+        (r.broker_name, r.deliver_at_ms) for r in first]
+    assert third.result().deliver_at_ms == first[0].deliver_at_ms
+    assert {r.broker_name for r in first} == {"broker-a", "broker-b"}
+    got = drain(cluster.namesrv, "dedupe", "g", expected=len(ids), timeout=10, settle=1.0)
+    assert sorted(m.msg_id for m in got) == sorted(ids)
 
 
 def test_cancel_before_firing_and_after(cluster):

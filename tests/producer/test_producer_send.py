@@ -128,12 +128,14 @@ def test_per_message_retryable_status_retried_with_same_id(mock: respx.MockRoute
 
     mock.routes["send-broker-b"].mock(side_effect=record_b)
     with producer() as p:
-        p._info("t")
+        info = p._info("t")
         seen.clear()
-        sends_to(p, "broker-a")
-        r = p.send("t", b"x", msg_id="fixed-id")
-    assert r.broker_name == "broker-b" and r.msg_id == "fixed-id"
-    assert seen == ["fixed-id", "fixed-id"]  # same id on both attempts: the broker dedupes
+        # an id the caller chose goes to its own broker: take one that lives on broker-a
+        fixed = next(f"fixed-{i}" for i in range(100)
+                     if p._core.select(info, msg_id=f"fixed-{i}").broker_name == "broker-a")
+        r = p.send("t", b"x", msg_id=fixed)
+    assert r.broker_name == "broker-b" and r.msg_id == fixed
+    assert seen == [fixed, fixed]  # same id on both attempts: the broker dedupes
 
 
 @pytest.mark.parametrize(("status", "code", "exc"), [

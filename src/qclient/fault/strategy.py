@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Sequence
 
@@ -96,3 +97,38 @@ class MQFaultStrategy:
             if tier:
                 return tier[idx % len(tier)]
         return queues[idx % len(queues)]
+
+    def select_for_id(self, info: TopicPublishInfo, msg_id: str,
+                      last_broker: str | None = None) -> MessageQueue:
+        """The queue for a message whose id the caller chose: the same broker every time.
+
+        A broker deduplicates only the ids it stored itself, so a re-sent id (a retried
+        Spark task, an application replay) must land on the broker that has it. The
+        broker is picked by rendezvous hashing of the id over the brokers that pass the
+        same tiers as ``select_one_message_queue`` (a broker leaving moves only its own
+        ids; a retry after ``last_broker`` failed goes to the id's next broker), the queue
+        by the id too.
+        """
+        queues = info.queues
+        if not queues:
+            raise ValueError(f"topic {info.topic} has no writable queue")
+        brokers = {q.broker_name for q in queues}
+        candidates = brokers - {last_broker} if last_broker in brokers else brokers
+        if self.send_latency_fault_enable:
+            unavailable, unreachable = self.latency_fault_tolerance.unhealthy()
+            if unavailable:
+                tier = candidates - unavailable
+                if not tier:
+                    tier = candidates - unreachable
+                candidates = tier or candidates
+        if not candidates:
+            candidates = brokers
+        key = msg_id.encode()
+
+        def score(broker: str) -> bytes:
+            return hashlib.blake2b(key + b"\x00" + broker.encode(), digest_size=8).digest()
+
+        broker = max(sorted(candidates), key=score)
+        mine = [q for q in queues if q.broker_name == broker]
+        pick = int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little")
+        return mine[pick % len(mine)]

@@ -76,6 +76,8 @@ class Item:
     wire: WireMessage
     info: TopicPublishInfo
     queue: MessageQueue | None = None  # pre-assigned by the accumulator for round 1
+    #: the caller chose the id: send it to the broker that owns the id (see select_for_id)
+    pinned: bool = False
     last_broker: str | None = None
     error: QClientError | None = None
 
@@ -275,7 +277,10 @@ class ProducerCore:
                 for i, (w, inf, q) in enumerate(zip(wires, infos, queues, strict=True))]
 
     def select(self, info: TopicPublishInfo, last_broker: str | None = None,
-               reset_index: bool = False) -> MessageQueue:
+               reset_index: bool = False, msg_id: str | None = None) -> MessageQueue:
+        """Round robin, or the id's own broker when ``msg_id`` (chosen by the caller)."""
+        if msg_id is not None:
+            return self.strategy.select_for_id(info, msg_id, last_broker)
         return self.strategy.select_one_message_queue(info, last_broker, reset_index)
 
     def plan_send(self, items: list[Item], *, deadline: float | None = None,
@@ -350,11 +355,15 @@ class ProducerCore:
         timeout = self.attempt_timeout(attempt, deadline)
         groups: dict[str, list[Item]] = {}
         select = self.strategy.select_one_message_queue
+        select_for_id = self.strategy.select_for_id
         for it in pending:
             q = it.queue
             if q is None or attempt > 1:
                 # a retry re-randomises the counter and avoids the broker that just failed
-                q = select(it.info, it.last_broker, attempt > 1)
+                if it.pinned:
+                    q = select_for_id(it.info, it.wire.msg_id, it.last_broker)
+                else:
+                    q = select(it.info, it.last_broker, attempt > 1)
                 it.queue = q
             it.wire.queue_id = q.queue_id
             group = groups.get(q.broker_name)

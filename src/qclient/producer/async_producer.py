@@ -146,9 +146,9 @@ class AsyncProducer(ProducerBase):
         self._check_open()
         wire = self._core.wire(topic, body, key, tags, properties, delay, deliver_at, msg_id)
         info = await self._info(topic)
-        queue = self._core.select(info)
+        queue = self._core.select(info, msg_id=msg_id)
         wire.queue_id = queue.queue_id
-        result = await self._coalescer.send(Item(0, wire, info, queue))
+        result = await self._coalescer.send(Item(0, wire, info, queue, msg_id is not None))
         if isinstance(result, QClientError):
             raise result
         return result
@@ -182,7 +182,8 @@ class AsyncProducer(ProducerBase):
         for w in wires:
             if w.topic not in infos:
                 infos[w.topic] = await self._info(w.topic)
-        items = [Item(i, w, infos[w.topic]) for i, w in enumerate(wires)]
+        items = [Item(i, w, infos[w.topic], pinned=m.msg_id is not None)
+                 for i, (w, m) in enumerate(zip(wires, msgs, strict=True))]
         results = await run_async(self._core.plan_send(items), self._http, self._slots)
         return batch_outcome(results)
 

@@ -81,7 +81,7 @@ class Producer(ProducerBase):
                   msg_id: str | None) -> SendResult:
         self._check_open()
         wire = self._core.wire(topic, body, key, tags, properties, delay, deliver_at, msg_id)
-        item = Item(0, wire, self._info(topic))
+        item = Item(0, wire, self._info(topic), pinned=msg_id is not None)
         (result,) = run_sync(self._core.plan_send([item]), self._http)
         if isinstance(result, QClientError):
             raise result
@@ -118,7 +118,8 @@ class Producer(ProducerBase):
         for w in wires:
             if w.topic not in infos:
                 infos[w.topic] = self._info(w.topic)
-        items = [Item(i, w, infos[w.topic]) for i, w in enumerate(wires)]
+        items = [Item(i, w, infos[w.topic], pinned=m.msg_id is not None)
+                 for i, (w, m) in enumerate(zip(wires, msgs, strict=True))]
         results = run_sync(self._core.plan_send(items), self._http, self._executor,
                            self._slots)
         return batch_outcome(results)
@@ -130,7 +131,8 @@ class Producer(ProducerBase):
         self._check_open()
         wire = message_to_wire(self._cfg, message)
         info = self._info(wire.topic)
-        queue = self._core.select(info)
+        pinned = message.msg_id is not None
+        queue = self._core.select(info, msg_id=wire.msg_id if pinned else None)
         sender = self._sender
         if sender is None:
             with self._lock:
@@ -140,7 +142,7 @@ class Producer(ProducerBase):
                 sender = self._sender
         future: Future[SendResult] = SendFuture(sender.condition)
         wire.queue_id = queue.queue_id
-        sender.accumulator.append(Item(0, wire, info, queue), future, queue.broker_name,
+        sender.accumulator.append(Item(0, wire, info, queue, pinned), future, queue.broker_name,
                                   self._cfg.send_timeout)
         return future
 
