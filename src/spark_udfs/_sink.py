@@ -24,7 +24,6 @@ from qclient.errors import (
 )
 from qclient.protocol.wire import RETRYABLE_CODES
 
-from ._affinity import send_batch_pinned
 from ._ids import IdScope
 from ._options import SinkOptions
 
@@ -81,7 +80,9 @@ def _send_once(producer: Any, batch: list[Message]) -> list[SendResult | QClient
     names the right row.
     """
     try:
-        return list(send_batch_pinned(producer, batch))
+        # every row has an explicit id, so the producer pins each to the broker that owns
+        # the id (Producer: select_for_id): a replay is deduplicated by that broker
+        return list(producer.send_batch(batch))
     except BatchSendError as exc:
         return list(exc.results)
     except InvalidMessageError as exc:

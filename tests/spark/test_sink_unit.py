@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import subprocess
 import sys
-from collections import Counter
 from datetime import UTC, datetime
 from typing import Any
 
@@ -311,28 +310,6 @@ def test_pipelined_write_sends_every_row_once_and_fails_clearly() -> None:
     down = ScriptedProducer({bad: [BrokerUnavailableError("gone", broker_name="b3")] * 3})
     with pytest.raises(SinkWriteError, match=r"row 120 .* on broker b3"):
         _sender(down, rows_per_send="7", max_in_flight="3").write(iter(batches))
-
-
-def test_pick_queue_is_stable_spread_and_skips_unhealthy_brokers() -> None:
-    from qclient.routing.publish_info import MessageQueue
-    from spark_udfs._affinity import pick_queue
-
-    class Info:
-        by_broker = {
-            b: tuple(MessageQueue("t", b, i) for i in range(4))
-            for b in ("broker-a", "broker-b", "broker-c")
-        }
-
-    ids = IdScope("s", 0).ids(0, 3000)
-    picks = [pick_queue(Info, i, set()) for i in ids]
-    assert picks == [pick_queue(Info, i, set()) for i in ids]  # same id, same queue
-    per_broker = Counter(q.broker_name for q in picks)
-    assert min(per_broker.values()) > 800  # roughly a third each
-    # A broker held unavailable loses its ids; the others keep theirs (rendezvous hashing).
-    moved = [pick_queue(Info, i, {"broker-a"}) for i in ids]
-    assert all(m.broker_name != "broker-a" for m in moved)
-    assert all(m == p for m, p in zip(moved, picks, strict=True) if p.broker_name != "broker-a")
-    assert pick_queue(Info, ids[0], {"broker-a", "broker-b", "broker-c"}) is None
 
 
 def test_commit_logs_one_summary_line(caplog: pytest.LogCaptureFixture) -> None:

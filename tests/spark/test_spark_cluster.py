@@ -320,14 +320,13 @@ def test_credentials_as_options(spark: Any, tmp_path: Path) -> None:
 
 
 def test_pinned_sends_put_an_id_on_the_same_broker(cluster: LocalCluster, topic: str) -> None:
-    """The affinity path drives the producer's internals: this is its canary without Spark."""
+    """Rows carry explicit ids; the producer pins each id to one broker (no Spark here)."""
     from qclient import Message, Producer
-    from spark_udfs._affinity import send_batch_pinned
 
     msgs = [Message(topic, f"m{i}", msg_id=f"{topic}-{i}") for i in range(400)]
     with Producer(cluster.namesrv) as p1, Producer(cluster.namesrv) as p2:
-        first = send_batch_pinned(p1, msgs)
-        again = send_batch_pinned(p2, msgs)  # another process's producer, same ids
+        first = p1.send_batch(msgs)
+        again = p2.send_batch(msgs)  # another process's producer, same ids
     assert [(r.broker_name, r.queue_id) for r in first] == [
         (r.broker_name, r.queue_id) for r in again
     ]
