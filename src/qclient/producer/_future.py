@@ -17,12 +17,14 @@ from concurrent.futures._base import (  # stable since 3.2; the states Future it
     CANCELLED_AND_NOTIFIED,
     FINISHED,
     PENDING,
+    RUNNING,
 )
 from typing import Any
 
-__all__ = ["SendFuture"]
+__all__ = ["SendFuture", "settle_many"]
 
 _DONE = (CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED)
+_OPEN = frozenset((PENDING, RUNNING))
 
 
 class SendFuture(Future):
@@ -45,7 +47,14 @@ class SendFuture(Future):
                 return
             self._condition.wait(remaining)
 
+    def done(self) -> bool:
+        return self._state in _DONE  # one read of a field set under the condition
+
     def result(self, timeout: float | None = None) -> Any:
+        if self._state == FINISHED:  # settled: the fields below no longer change
+            if self._exception is not None:
+                raise self._exception
+            return self._result
         with self._condition:
             self._wait(timeout)
             if self._state in (CANCELLED, CANCELLED_AND_NOTIFIED):
@@ -57,6 +66,8 @@ class SendFuture(Future):
             return self._result
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
+        if self._state == FINISHED:
+            return self._exception
         with self._condition:
             self._wait(timeout)
             if self._state in (CANCELLED, CANCELLED_AND_NOTIFIED):
@@ -64,3 +75,49 @@ class SendFuture(Future):
             if self._state != FINISHED:
                 raise FutureTimeoutError()
             return self._exception
+
+
+def settle_many(condition: threading.Condition, futures: list[Any],
+                results: list[Any]) -> None:
+    """Complete ``futures`` (each with its result, or exception when the result is a
+    ``BaseException``) under one acquisition of their shared ``condition`` and one
+    ``notify_all``; a future already done (cancelled by its caller) is skipped.
+
+    Same effects as ``set_result`` / ``set_exception`` per future (state, waiters of
+    ``concurrent.futures.wait``, done callbacks outside the lock), at a fraction of the
+    cost: those take and notify the condition once per future.
+    """
+    with_callbacks: list[Any] = []  # SendFutures: their private fields are used
+    foreign: list[tuple[Future[Any], Any]] = []
+    with condition:
+        for fut, res in zip(futures, results, strict=True):
+            if fut._condition is not condition:
+                foreign.append((fut, res))  # not one of ours: the public way, below
+                continue
+            if fut._state not in _OPEN:
+                continue
+            if isinstance(res, BaseException):
+                fut._exception = res
+                fut._state = FINISHED
+                for waiter in fut._waiters:
+                    waiter.add_exception(fut)
+            else:
+                fut._result = res
+                fut._state = FINISHED
+                for waiter in fut._waiters:
+                    waiter.add_result(fut)
+            if fut._done_callbacks:
+                with_callbacks.append(fut)
+        condition.notify_all()
+    for fut in with_callbacks:
+        fut._invoke_callbacks()
+    for fut, res in foreign:
+        if fut.done():
+            continue
+        try:
+            if isinstance(res, BaseException):
+                fut.set_exception(res)
+            else:
+                fut.set_result(res)
+        except Exception:  # cancelled meanwhile (InvalidStateError)
+            pass

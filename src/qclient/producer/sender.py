@@ -18,6 +18,7 @@ from ..errors import ProducerClosedError
 from ..transport.http import AsyncHttp, Credentials
 from ._core import ProducerCore
 from ._drivers import AsyncSlots, run_async
+from ._future import settle_many
 from .message_accumulator import MessageAccumulator, ProducerBatch
 
 __all__ = ["Sender", "settle"]
@@ -25,18 +26,11 @@ __all__ = ["Sender", "settle"]
 log = logging.getLogger(__name__)
 
 
-def settle(futures: list[Future[SendResult]], results: list[SendResult | BaseException]) -> None:
-    """Complete each future with its result; a future the caller cancelled is skipped."""
-    for fut, res in zip(futures, results, strict=True):
-        if fut.done():
-            continue
-        try:
-            if isinstance(res, BaseException):
-                fut.set_exception(res)
-            else:
-                fut.set_result(res)
-        except Exception:  # cancelled meanwhile (InvalidStateError)
-            pass
+def settle(futures: list[Future[SendResult]], results: list[SendResult | BaseException],
+           condition: threading.Condition | None = None) -> None:
+    """Complete each future with its result; a future the caller cancelled is skipped.
+    ``condition``: the one the futures share (``SendFuture``), to complete them at once."""
+    settle_many(condition or threading.Condition(), futures, results)
 
 
 class Sender:
@@ -156,7 +150,7 @@ class Sender:
     def _finish(self, batch: ProducerBatch, results: list[SendResult | BaseException]) -> None:
         def done() -> None:
             try:
-                settle(batch.futures, results)
+                settle(batch.futures, results, self.condition)
             finally:
                 self.accumulator.complete(batch)
 
