@@ -22,10 +22,9 @@ import tenacity
 
 from .._config import ProducerConfig
 from .._models import Message, SendResult, SendStatus
-from .._validation import message_to_wire, to_wire
+from .._validation import WireBuilder, to_wire
 from ..errors import (
     BrokerUnavailableError,
-    InvalidMessageError,
     QClientError,
     SendTimeoutError,
 )
@@ -215,6 +214,8 @@ class ProducerCore:
             retry=tenacity.retry_if_exception_type(_Round),
             reraise=True, sleep=_no_sleep)
         self.on_route_failure: Callable[[str], None] | None = None
+        #: Message -> WireMessage with this config's limits (validation included)
+        self.builder = WireBuilder(cfg)
 
     # --- messages --------------------------------------------------------------------
 
@@ -225,13 +226,7 @@ class ProducerCore:
 
     def wires(self, messages: Sequence[Message]) -> list[WireMessage]:
         """Validate a batch; the first bad message fails the call before any network."""
-        out = []
-        for i, m in enumerate(messages):
-            try:
-                out.append(message_to_wire(self.cfg, m))
-            except InvalidMessageError as exc:
-                raise type(exc)(f"message #{i}: {exc}") from None
-        return out
+        return self.builder.messages(messages)
 
     # --- routes ----------------------------------------------------------------------
 
@@ -422,8 +417,7 @@ class ProducerCore:
                 answer = decode(resp.content, SendResponse, resp.media_type)
                 if len(answer.results) != len(items):
                     raise ValueError(f"{len(answer.results)} results for {len(items)} messages")
-                if any(r.msg_id != it.wire.msg_id
-                       for it, r in zip(items, answer.results, strict=True)):
+                if [r.msg_id for r in answer.results] != [it.wire.msg_id for it in items]:
                     raise ValueError("results not in the order of the request's messages")
             except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
                 err = BrokerUnavailableError(f"broker {broker} sent a bad answer: {exc}",

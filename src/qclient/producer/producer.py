@@ -11,7 +11,6 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from .._models import Message, SendResult
-from .._validation import message_to_wire
 from ..errors import BrokerUnavailableError, InvalidMessageError, QClientError
 from ..fault.index import ThreadLocalIndex
 from ..routing.nameserver import NameServerClient
@@ -129,7 +128,7 @@ class Producer(ProducerBase):
         ``SendResult`` or exception. Blocks up to ``send_timeout`` while
         ``max_buffered_messages`` are buffered, then raises ``BufferFullError``."""
         self._check_open()
-        wire = message_to_wire(self._cfg, message)
+        wire = self._core.builder.message(message)
         info = self._info(wire.topic)
         pinned = message.msg_id is not None
         queue = self._core.select(info, msg_id=wire.msg_id if pinned else None)
