@@ -60,3 +60,12 @@ def test_fault_tolerance_off_still_pins() -> None:
     s, _ = make(enable=False)
     inf = info()
     assert len({s.select_for_id(inf, "same") for _ in range(50)}) == 1
+
+
+def test_a_slow_but_reachable_broker_keeps_its_ids() -> None:
+    s, _ = make()
+    inf = info()
+    before = {f"k{i}": s.select_for_id(inf, f"k{i}") for i in range(200)}
+    for b in {q.broker_name for q in inf.queues}:
+        s.update_fault_item(b, 2000, isolation=False, reachable=True)  # 5 s isolation
+    assert {k: s.select_for_id(inf, k) for k in before} == before

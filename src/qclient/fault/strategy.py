@@ -104,10 +104,11 @@ class MQFaultStrategy:
 
         A broker deduplicates only the ids it stored itself, so a re-sent id (a retried
         Spark task, an application replay) must land on the broker that has it. The
-        broker is picked by rendezvous hashing of the id over the brokers that pass the
-        same tiers as ``select_one_message_queue`` (a broker leaving moves only its own
-        ids; a retry after ``last_broker`` failed goes to the id's next broker), the queue
-        by the id too.
+        broker is picked by rendezvous hashing of the id over the brokers other than
+        ``last_broker`` that are reachable (a broker leaving moves only its own ids; a
+        retry after ``last_broker`` failed goes to the id's next broker), the queue by the
+        id too. Unlike round robin, a broker isolated only for its latency keeps
+        its ids: idempotence matters more here than a faster broker.
         """
         queues = info.queues
         if not queues:
@@ -115,12 +116,11 @@ class MQFaultStrategy:
         brokers = {q.broker_name for q in queues}
         candidates = brokers - {last_broker} if last_broker in brokers else brokers
         if self.send_latency_fault_enable:
-            unavailable, unreachable = self.latency_fault_tolerance.unhealthy()
-            if unavailable:
-                tier = candidates - unavailable
-                if not tier:
-                    tier = candidates - unreachable
-                candidates = tier or candidates
+            # Only a broker that failed (unreachable) loses its ids; one that is merely
+            # slow (isolated for its latency) keeps them: moving ids on a latency blip
+            # would store a later re-send on another broker, which cannot dedupe it.
+            _unavailable, unreachable = self.latency_fault_tolerance.unhealthy()
+            candidates = (candidates - unreachable) or candidates
         if not candidates:
             candidates = brokers
         key = msg_id.encode()
