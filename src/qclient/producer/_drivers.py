@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from ..transport.http import AsyncHttp, SyncHttp
+from ..transport.http import AioHttp, AsyncHttp, SyncHttp
 from ._core import CallResult, HttpCall, Plan, Sleep
 
 __all__ = ["AsyncSlots", "SyncSlots", "call_async", "call_sync", "run_async", "run_sync"]
@@ -94,7 +94,7 @@ def run_sync(plan: Plan, http: SyncHttp, executor: Callable[[], Executor] | None
         plan.close()
 
 
-async def _call_async(http: AsyncHttp, call: HttpCall) -> CallResult:
+async def _call_async(http: AsyncHttp | AioHttp, call: HttpCall) -> CallResult:
     start = time.perf_counter()
     try:
         # a hard cap on the whole exchange, not only per phase as httpx's timeout is
@@ -109,7 +109,7 @@ async def _call_async(http: AsyncHttp, call: HttpCall) -> CallResult:
     return CallResult(response=resp, latency_ms=(time.perf_counter() - start) * 1000)
 
 
-async def call_async(http: AsyncHttp, call: HttpCall,
+async def call_async(http: AsyncHttp | AioHttp, call: HttpCall,
                      slots: AsyncSlots | None = None) -> CallResult:
     if slots is None:
         return await _call_async(http, call)
@@ -121,7 +121,7 @@ async def call_async(http: AsyncHttp, call: HttpCall,
     return res
 
 
-async def run_async(plan: Plan, http: AsyncHttp, slots: AsyncSlots | None = None) -> Any:
+async def run_async(plan: Plan, http: AsyncHttp | AioHttp, slots: AsyncSlots | None = None) -> Any:
     """Run a plan on the running event loop; a round's calls run concurrently."""
     answer: Any = None
     try:

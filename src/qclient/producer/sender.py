@@ -15,7 +15,7 @@ from typing import Any
 from .._config import ProducerConfig
 from .._models import SendResult
 from ..errors import ProducerClosedError
-from ..transport.http import AsyncHttp, Credentials
+from ..transport.http import AioHttp, Credentials
 from ._core import ProducerCore
 from ._drivers import AsyncSlots, run_async
 from ._future import settle_many
@@ -96,8 +96,8 @@ class Sender:
     async def _main(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._event = asyncio.Event()
-        http = AsyncHttp(content_type=self.core.content_type, credentials=self._credentials,
-                         verify=self.cfg.verify)
+        http = AioHttp(content_type=self.core.content_type, credentials=self._credentials,
+                       verify=self.cfg.verify)
         self._http = http
         self._slots = AsyncSlots(self.cfg.max_in_flight_per_broker)
         self._ready.set()
