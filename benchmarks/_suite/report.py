@@ -101,6 +101,11 @@ def peers_table(rows: list[dict[str, Any]]) -> str:
             (
                 f"{k['survived']}/{k['n']} ({k['survived_pct']:.0f}%)"
                 + (f", {k['duplicates']} dup" if k.get("duplicates") else "")
+                + (
+                    f", {k['delivered_before_kill']} of them before the kill"
+                    if k.get("delivered_before_kill")
+                    else ""
+                )
             )
             if k
             else "-"
