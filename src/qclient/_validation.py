@@ -5,12 +5,12 @@ from __future__ import annotations
 import math
 import time
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
 from ._config import ProducerConfig
-from ._ids import new_msg_id
+from ._ids import msg_ids, new_msg_id
 from ._models import Message
 from .errors import InvalidMessageError, MessageTooLargeError
 from .protocol.wire import FLAG_COMPRESSED, TOPIC_RE, WireMessage
@@ -143,8 +143,10 @@ class WireBuilder:
         # a body above this needs compressing: not the fast path
         self.compress_threshold = cfg.compress_threshold or cfg.max_message_size
 
-    def message(self, message: Message, now_ms: int | None = None) -> WireMessage:
-        """One ``Message``; ``now_ms`` (epoch ms) to skip reading the clock."""
+    def message(self, message: Message, now_ms: int | None = None,
+                ids: Iterator[str] | None = None) -> WireMessage:
+        """One ``Message``; ``now_ms`` (epoch ms) and ``ids`` (``msg_ids()``) to skip
+        reading the clock."""
         if type(message) is not Message:
             return message_to_wire(self.cfg, message)
         # Any: the fields are checked here, not trusted to their annotations
@@ -178,8 +180,10 @@ class WireBuilder:
                 else:
                     ok = False
             if ok:
-                return WireMessage(topic, 0, new_msg_id() if msg_id is None else msg_id, body,
-                                   key, tags, None, delay_ms, deliver_at_ms, 0)
+                if msg_id is None:
+                    msg_id = new_msg_id() if ids is None else next(ids)
+                return WireMessage(topic, 0, msg_id, body, key, tags, None, delay_ms,
+                                   deliver_at_ms, 0)
         wire = message_to_wire(self.cfg, message)
         if len(_good_topics) < _MAX_GOOD_TOPICS and type(message.topic) is str:
             _good_topics.add(message.topic)  # it passed to_wire's check
@@ -188,11 +192,12 @@ class WireBuilder:
     def messages(self, messages: Sequence[Message]) -> list[WireMessage]:
         """A batch; the first bad message fails it (``message #i: ...``)."""
         now_ms = time.time_ns() // 1_000_000
+        ids = msg_ids()
         one = self.message
         out = []
         try:
             for m in messages:
-                out.append(one(m, now_ms))
+                out.append(one(m, now_ms, ids))
         except InvalidMessageError as exc:
             raise type(exc)(f"message #{len(out)}: {exc}") from None
         return out

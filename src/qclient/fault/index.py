@@ -31,6 +31,13 @@ class ThreadLocalIndex:
         local.value = value
         return value
 
+    def advance(self, n: int) -> int:
+        """``n`` calls of ``increment_and_get`` at once (n >= 1): returns the first value;
+        the i-th is ``(first + i) & POSITIVE_MASK``."""
+        first = self.increment_and_get()
+        self._local.value = (first + n - 1) & POSITIVE_MASK
+        return first
+
     def reset(self) -> None:
         """Re-randomise this thread's counter (used on a retry)."""
         self._local.value = random.randrange(POSITIVE_MASK)
@@ -67,6 +74,12 @@ class ContextIndex:
             value = (held[1] + 1) & POSITIVE_MASK
         self._var.set((owner, value))
         return value
+
+    def advance(self, n: int) -> int:
+        """``n`` calls of ``increment_and_get`` at once (n >= 1): returns the first value."""
+        first = self.increment_and_get()
+        self._var.set((self._owner(), (first + n - 1) & POSITIVE_MASK))
+        return first
 
     def reset(self) -> None:
         self._var.set((self._owner(), random.randrange(POSITIVE_MASK)))

@@ -7,6 +7,7 @@ import logging
 from collections.abc import Sequence
 
 from ..routing.publish_info import MessageQueue, TopicPublishInfo
+from .index import POSITIVE_MASK
 from .latency import LatencyFaultTolerance
 
 __all__ = ["LATENCY_MAX_MS", "NOT_AVAILABLE_MS", "MQFaultStrategy"]
@@ -58,6 +59,23 @@ class MQFaultStrategy:
                                                        reachable)
 
     # --- selection ---------------------------------------------------------------------
+
+    def select_many(self, info: TopicPublishInfo, n: int) -> list[MessageQueue]:
+        """``n`` first-attempt selections (``select_one_message_queue(info)`` n times), the
+        common case of everything healthy in one step."""
+        queues = info.queues
+        if (n > 1 and queues and self.send_latency_fault_enable
+                and self.latency_fault_tolerance.all_healthy()):
+            first = info.index.advance(n)
+            size = len(queues)
+            start = first % size
+            if first + n - 1 <= POSITIVE_MASK:  # no wrap of the counter inside the run
+                rotated = queues[start:] + queues[:start]
+                reps = -(-n // size)
+                return list(rotated * reps)[:n]
+            return [queues[((first + i) & POSITIVE_MASK) % size] for i in range(n)]
+        select = self.select_one_message_queue
+        return [select(info) for _ in range(n)]
 
     def select_one_message_queue(self, info: TopicPublishInfo, last_broker: str | None = None,
                                  reset_index: bool = False) -> MessageQueue:

@@ -330,7 +330,7 @@ class ProducerCore:
             results[it.index] = it.error or SendTimeoutError(
                 f"message {it.wire.msg_id} not acknowledged within "
                 f"send_timeout={self.cfg.send_timeout}s")
-        failed = sum(isinstance(r, QClientError) for r in results)
+        failed = len(results) - list(map(type, results)).count(SendResult)
         self.stats.done(len(results) - failed, failed)
         if failed and log.isEnabledFor(logging.WARNING):
             first_error = next(r for r in results if isinstance(r, QClientError))
@@ -348,6 +348,8 @@ class ProducerCore:
 
     def _calls(self, pending: list[Item], attempt: int, deadline: float) -> list[HttpCall]:
         timeout = self.attempt_timeout(attempt, deadline)
+        if attempt == 1:
+            self._preselect(pending)
         groups: dict[str, list[Item]] = {}
         select = self.strategy.select_one_message_queue
         select_for_id = self.strategy.select_for_id
@@ -373,7 +375,7 @@ class ProducerCore:
             chunk: list[Item] = []
             size = 0
             for it in group:
-                s = it.size
+                s = len(it.wire.body) + len(it.wire.topic) + _PER_MESSAGE_OVERHEAD  # it.size
                 if chunk and (len(chunk) >= max_n or size + s > max_bytes):
                     calls.append(self._call(broker, addr, chunk, timeout))
                     chunk, size = [], 0
@@ -382,6 +384,24 @@ class ProducerCore:
             if chunk:
                 calls.append(self._call(broker, addr, chunk, timeout))
         return calls
+
+    def _preselect(self, pending: list[Item]) -> None:
+        """First-attempt queues of the items without one, per topic in one step
+        (``select_many``: the same queues as one ``select`` per item)."""
+        fresh = [it for it in pending if it.queue is None and not it.pinned]
+        if len(fresh) < 2:
+            return
+        by_info: dict[int, list[Item]] = {}
+        for it in fresh:
+            group = by_info.get(id(it.info))
+            if group is None:
+                by_info[id(it.info)] = [it]
+            else:
+                group.append(it)
+        select_many = self.strategy.select_many
+        for group in by_info.values():
+            for it, q in zip(group, select_many(group[0].info, len(group)), strict=True):
+                it.queue = q
 
     def _call(self, broker: str, addr: str, chunk: list[Item], timeout: float) -> HttpCall:
         body = encode(SendRequest(messages=[it.wire for it in chunk]), self.content_type)

@@ -117,7 +117,7 @@ class Producer(ProducerBase):
         for w in wires:
             if w.topic not in infos:
                 infos[w.topic] = self._info(w.topic)
-        items = [Item(i, w, infos[w.topic], pinned=m.msg_id is not None)
+        items = [Item(i, w, infos[w.topic], None, m.msg_id is not None)
                  for i, (w, m) in enumerate(zip(wires, msgs, strict=True))]
         results = run_sync(self._core.plan_send(items), self._http, self._executor,
                            self._slots)
