@@ -132,3 +132,43 @@ def test_settle_many_is_set_result_and_set_exception() -> None:
     assert plain.result() == "e"
     assert sorted(map(str, seen)) == ["1", "a"]
     assert all(f.done() for f in futs)
+
+
+def _reference_select_for_id(s: MQFaultStrategy, info: TopicPublishInfo, msg_id: str,
+                             last_broker: str | None = None) -> Any:
+    """select_for_id as first written (one broker set, sort and list per call)."""
+    import hashlib
+
+    queues = info.queues
+    brokers = {q.broker_name for q in queues}
+    candidates = brokers - {last_broker} if last_broker in brokers else brokers
+    _unavailable, unreachable = s.latency_fault_tolerance.unhealthy()
+    candidates = (candidates - unreachable) or candidates
+    key = msg_id.encode()
+
+    def score(broker: str) -> bytes:
+        return hashlib.blake2b(key + b"\x00" + broker.encode(), digest_size=8).digest()
+
+    broker = max(sorted(candidates), key=score)
+    mine = [q for q in queues if q.broker_name == broker]
+    pick = int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little")
+    return mine[pick % len(mine)]
+
+
+@pytest.mark.parametrize("unreachable", [False, True])
+def test_select_for_id_and_ids_unchanged(unreachable: bool) -> None:
+    s = MQFaultStrategy()
+    brokers = {f"broker-{c}": f"127.0.0.1:{10911 + i}" for i, c in enumerate("abc")}
+    info = TopicPublishInfo.from_route("t", route("t", brokers=brokers, queues=3),
+                                       index=ThreadLocalIndex())
+    if unreachable:
+        s.update_fault_item("broker-b", 100, False, False)
+    ids = [f"j:job:{i}" for i in range(500)]
+    expected = [_reference_select_for_id(s, info, i) for i in ids]
+    assert s.select_for_ids(info, ids) == expected
+    assert [s.select_for_id(info, i) for i in ids] == expected
+    for last in ("broker-a", "broker-c"):
+        assert ([s.select_for_id(info, i, last) for i in ids[:100]]
+                == [_reference_select_for_id(s, info, i, last) for i in ids[:100]])
+    assert {q.broker_name for q in expected} == (
+        {"broker-a", "broker-c"} if unreachable else set(brokers))

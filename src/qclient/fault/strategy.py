@@ -128,10 +128,31 @@ class MQFaultStrategy:
         id too. Unlike round robin, a broker isolated only for its latency keeps
         its ids: idempotence matters more here than a faster broker.
         """
+        order, by_broker = self._id_brokers(info, last_broker)
+        return _pick_for_id(msg_id, order, by_broker)
+
+    def select_for_ids(self, info: TopicPublishInfo,
+                       msg_ids: Sequence[str]) -> list[MessageQueue]:
+        """``select_for_id(info, id)`` for each id (first attempts), the brokers' health
+        read once for all of them."""
+        order, by_broker = self._id_brokers(info, None)
+        return [_pick_for_id(i, order, by_broker) for i in msg_ids]
+
+    def _id_brokers(self, info: TopicPublishInfo, last_broker: str | None
+                    ) -> tuple[list[tuple[str, bytes]], dict[str, list[MessageQueue]]]:
+        """The candidate brokers of ``select_for_id`` (sorted, with their encoded names)
+        and the queues of each broker in route order."""
         queues = info.queues
         if not queues:
             raise ValueError(f"topic {info.topic} has no writable queue")
-        brokers = {q.broker_name for q in queues}
+        by_broker: dict[str, list[MessageQueue]] = {}
+        for q in queues:
+            mine = by_broker.get(q.broker_name)
+            if mine is None:
+                by_broker[q.broker_name] = [q]
+            else:
+                mine.append(q)
+        brokers = set(by_broker)
         candidates = brokers - {last_broker} if last_broker in brokers else brokers
         if self.send_latency_fault_enable:
             # Only a broker that failed (unreachable) loses its ids; one that is merely
@@ -141,12 +162,23 @@ class MQFaultStrategy:
             candidates = (candidates - unreachable) or candidates
         if not candidates:
             candidates = brokers
-        key = msg_id.encode()
+        return [(b, b"\x00" + b.encode()) for b in sorted(candidates)], by_broker
 
-        def score(broker: str) -> bytes:
-            return hashlib.blake2b(key + b"\x00" + broker.encode(), digest_size=8).digest()
 
-        broker = max(sorted(candidates), key=score)
-        mine = [q for q in queues if q.broker_name == broker]
-        pick = int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little")
-        return mine[pick % len(mine)]
+def _pick_for_id(msg_id: str, order: list[tuple[str, bytes]],
+                 by_broker: dict[str, list[MessageQueue]]) -> MessageQueue:
+    """Rendezvous hashing: the candidate (in ``order``) with the highest hash of the id
+    and its name (the first of equals), then the id's own hash picks the queue."""
+    key = msg_id.encode()
+    blake2b = hashlib.blake2b
+    if len(order) == 1:
+        broker = order[0][0]
+    else:
+        broker, best = "", None
+        for name, suffix in order:
+            score = blake2b(key + suffix, digest_size=8).digest()
+            if best is None or score > best:
+                broker, best = name, score
+    mine = by_broker[broker]
+    pick = int.from_bytes(blake2b(key, digest_size=8).digest(), "little")
+    return mine[pick % len(mine)]

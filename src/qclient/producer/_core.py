@@ -387,20 +387,25 @@ class ProducerCore:
 
     def _preselect(self, pending: list[Item]) -> None:
         """First-attempt queues of the items without one, per topic in one step
-        (``select_many``: the same queues as one ``select`` per item)."""
-        fresh = [it for it in pending if it.queue is None and not it.pinned]
+        (``select_many`` / ``select_for_ids``: the same queues as one ``select`` per item)."""
+        fresh = [it for it in pending if it.queue is None]
         if len(fresh) < 2:
             return
-        by_info: dict[int, list[Item]] = {}
+        # (info, pinned) -> items; pinned ones (caller-chosen ids) go by select_for_id
+        groups: dict[tuple[int, bool], list[Item]] = {}
         for it in fresh:
-            group = by_info.get(id(it.info))
+            k = (id(it.info), it.pinned)
+            group = groups.get(k)
             if group is None:
-                by_info[id(it.info)] = [it]
+                groups[k] = [it]
             else:
                 group.append(it)
-        select_many = self.strategy.select_many
-        for group in by_info.values():
-            for it, q in zip(group, select_many(group[0].info, len(group)), strict=True):
+        strategy = self.strategy
+        for (_info, pinned), group in groups.items():
+            info = group[0].info
+            queues = (strategy.select_for_ids(info, [it.wire.msg_id for it in group])
+                      if pinned else strategy.select_many(info, len(group)))
+            for it, q in zip(group, queues, strict=True):
                 it.queue = q
 
     def _call(self, broker: str, addr: str, chunk: list[Item], timeout: float) -> HttpCall:
