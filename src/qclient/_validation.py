@@ -155,9 +155,14 @@ class WireBuilder:
         delay: Any = message.delay
         deliver_at: Any = message.deliver_at
         key, tags, msg_id = message.key, message.tags, message.msg_id
-        size = len(body) if type(body) is bytes else -1
-        if (0 <= size <= self.compress_threshold and size <= self.max_size
-                and message.properties is None and type(topic) is str and topic in _good_topics
+        known_topic = type(topic) is str and topic in _good_topics
+        tb = type(body)
+        if tb is str and known_topic:  # (to_wire checks the topic before encoding)
+            body = body.encode()  # UTF-8 as to_wire (an unpaired surrogate raises alike)
+            tb = bytes
+        size = len(body) if tb is bytes else -1
+        if (known_topic and 0 <= size <= self.compress_threshold and size <= self.max_size
+                and message.properties is None
                 and (key is None or type(key) is str) and (tags is None or type(tags) is str)
                 and (msg_id is None or (type(msg_id) is str and 0 < len(msg_id) <= 128))):
             delay_ms = deliver_at_ms = None
