@@ -50,7 +50,7 @@ class Producer(ProducerBase):
             secret_key=secret_key, **options))
         cfg = self._cfg
         self._http = SyncHttp(content_type=self._core.content_type,
-                              credentials=self._credentials, verify=cfg.verify)
+                              credentials=self._credentials, verify=cfg.verify, direct=True)
         self._ns = NameServerClient(cfg.namesrv, timeout=cfg.namesrv_timeout, verify=cfg.verify)
         self._bg = Background(self._core, cfg)
         self._lock = threading.Lock()
