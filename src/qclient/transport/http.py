@@ -178,6 +178,10 @@ class AioHttp(_Base):
 
         self._aiohttp = aiohttp
         tls = tls_verify(verify)
+        if tls is True:  # the same CA bundle as httpx (certifi), not the system store
+            import certifi
+
+            tls = ssl.create_default_context(cafile=certifi.where())
         connector = aiohttp.TCPConnector(limit=MAX_CONNECTIONS, limit_per_host=0,
                                          keepalive_timeout=30, ssl=tls)
         # trust_env=False: loopback and cluster traffic must not go through an env proxy
