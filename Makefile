@@ -35,8 +35,9 @@ lint: setup
 	$(BIN)/ruff format --check src tests benchmarks examples
 	$(BIN)/mypy
 
-## bench: the benchmark suite and its report (benchmarks/results/)
+## bench: the benchmark suite, peers included, and its report (benchmarks/results/)
 bench: setup
+	PYTHON=$(BIN)/python bash benchmarks/setup_peers.sh
 	$(BIN)/python -m benchmarks
 
 clean:
