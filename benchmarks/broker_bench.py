@@ -1,12 +1,15 @@
 """Broker benchmark: accepted msgs/s and firing lateness, one broker, fsync before ack.
 
-    python benchmarks/broker_bench.py [--seconds 5] [--rate 5000] [--due-seconds 10] [--json]
+    python benchmarks/broker_bench.py [--seconds 5] [--rates 5000,10000,20000,40000]
+                                      [--due-seconds 10] [--json]
 
 1. accept: concurrent clients post batches of 256 x 100 B messages (msgpack) straight to
    one broker for ``--seconds``; every acknowledgement is after the group fsync.
 2. firing: ``rate x due-seconds`` messages are scheduled to come due evenly over
    ``--due-seconds``; after they fired, the consume log is read back and
    ``fired_at - deliver_at`` gives the lateness (and early count, which must be 0).
+   This runs once per due rate of ``--rates`` (each on its own topic); the knee is the
+   highest rate whose p99 lateness is still <= 10 ms.
 """
 
 from __future__ import annotations
@@ -93,7 +96,10 @@ def bench_accept(addr: str, pid: int, seconds: float, concurrency: int) -> dict[
     }
 
 
-def bench_firing(addr: str, rate: int, due_seconds: float) -> dict[str, float]:
+def bench_firing(addr: str, rate: int, due_seconds: float,
+                 samples: list[int] | None = None) -> dict[str, float]:
+    """One firing phase at ``rate`` due msgs/s; ``samples`` receives the lateness values."""
+    topic = f"bench-fire-{rate}"  # own topic per rate: the read-back starts at offset 0
     total = int(rate * due_seconds)
     n_batches = (total + BATCH - 1) // BATCH
     total = n_batches * BATCH
@@ -101,9 +107,10 @@ def bench_firing(addr: str, rate: int, due_seconds: float) -> dict[str, float]:
     start = int(time.time() * 1000) + lead_ms
     step = due_seconds * 1000 / total
     deliver = [start + int(i * step) for i in range(total)]
-    bodies = _encode_batches(f"fire{os.getpid()}", n_batches, "bench-fire", deliver)
+    bodies = _encode_batches(f"fire{os.getpid()}-{rate}", n_batches, topic, deliver)
     acked, send_s = asyncio.run(_post_all(addr, bodies, 4, None))
-    if time.time() * 1000 > start:
+    sent_late = time.time() * 1000 > start
+    if sent_late:
         print(f"warning: sending took {send_s:.1f} s, past the first due time", file=sys.stderr)
     # wait until all are due (+ a margin), then read the consume log back
     time.sleep(max(0.0, (deliver[-1] - time.time() * 1000) / 1000) + 1.0)
@@ -113,7 +120,7 @@ def bench_firing(addr: str, rate: int, due_seconds: float) -> dict[str, float]:
     deadline = time.monotonic() + 60
     with httpx.Client(base_url=f"http://{addr}", timeout=30, trust_env=False) as client:
         while len(lateness) < acked and time.monotonic() < deadline:
-            req = wire.PullRequest("bench-fire", "bench", 1024, 200, commits)
+            req = wire.PullRequest(topic, "bench", 1024, 200, commits)
             r = client.post(wire.BROKER_PULL, content=wire.encode(req, wire.MSGPACK),
                             headers={"content-type": wire.MSGPACK})
             r.raise_for_status()
@@ -123,6 +130,8 @@ def bench_firing(addr: str, rate: int, due_seconds: float) -> dict[str, float]:
                 late = m.fired_at_ms - m.deliver_at_ms
                 early += late < 0
                 lateness.append(late)
+    if samples is not None:
+        samples.extend(lateness)
     return {
         "due_rate_msgs_per_s": total / due_seconds,
         "scheduled": acked,
@@ -131,34 +140,63 @@ def bench_firing(addr: str, rate: int, due_seconds: float) -> dict[str, float]:
         "lateness_p99_ms": _pct(lateness, 0.99),
         "lateness_max_ms": float(max(lateness, default=0)),
         "early": early,
+        "sent_past_first_due": int(sent_late),
     }
 
 
-def run(seconds: float = 5.0, rate: int = 5000, due_seconds: float = 10.0,
+KNEE_P99_MS = 10.0
+MAX_SAMPLES = 5000  # lateness samples kept per rate for the report's CDF
+
+
+def knee(by_rate: list[dict[str, float]]) -> float | None:
+    """The highest due rate whose p99 lateness is <= 10 ms with nothing early (None: none)."""
+    ok = [f["due_rate_msgs_per_s"] for f in by_rate
+          if f["lateness_p99_ms"] <= KNEE_P99_MS and f["early"] == 0
+          and f["fired_read_back"] >= f["scheduled"]]
+    return max(ok) if ok else None
+
+
+def run(seconds: float = 5.0, rates: tuple[int, ...] = (5000,), due_seconds: float = 10.0,
         concurrency: int = 4) -> dict[str, object]:
+    by_rate: list[dict[str, float]] = []
+    samples: dict[str, list[float]] = {}
     with LocalCluster(brokers=1) as cluster:
         broker = cluster.brokers[0]
         assert broker.pid is not None
         accept = bench_accept(broker.addr, broker.pid, seconds, concurrency)
-        firing = bench_firing(broker.addr, rate, due_seconds)
-    return {"scenario": "broker", "accept": accept, "firing": firing,
+        for rate in rates:
+            lat: list[int] = []
+            f = bench_firing(broker.addr, rate, due_seconds, lat)
+            by_rate.append(f)
+            step = max(1, len(lat) // MAX_SAMPLES)
+            samples[f"broker @{f['due_rate_msgs_per_s']:,.0f}/s"] = [float(x) for x in lat[::step]]
+            print(f"firing @{rate:,}/s: p50 {f['lateness_p50_ms']:.0f} ms, p99 "
+                  f"{f['lateness_p99_ms']:.0f} ms, early {f['early']}", file=sys.stderr)
+    return {"scenario": "broker", "accept": accept, "firing": by_rate[0],
+            "firing_by_rate": by_rate, "knee_due_rate": knee(by_rate),
+            "lateness_samples_ms": samples,
             "targets": {"accepted_msgs_per_s>=": 30_000, "lateness_p99_ms<=": 10, "early==": 0}}
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seconds", type=float, default=5.0, help="accept phase length")
-    p.add_argument("--rate", type=int, default=5000, help="due msgs/s in the firing phase")
+    p.add_argument("--rates", default="5000,10000,20000,40000",
+                   help="comma-separated due msgs/s, one firing phase each (first = 'firing')")
+    p.add_argument("--rate", type=int, default=None, help="one due rate (same as --rates N)")
     p.add_argument("--due-seconds", type=float, default=10.0)
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument("--smoke", action="store_true", help="tiny run: seconds, not minutes")
     p.add_argument("--json", action="store_true", help="print one JSON object last")
     a = p.parse_args()
     if a.smoke:
-        a.seconds, a.rate, a.due_seconds = 0.5, 500, 1.0
-    res = run(a.seconds, a.rate, a.due_seconds, a.concurrency)
-    acc, fire = res["accept"], res["firing"]
-    assert isinstance(acc, dict) and isinstance(fire, dict)
+        a.seconds, a.rates, a.due_seconds = 0.5, "500", 1.0
+    rates = (a.rate,) if a.rate else tuple(int(r) for r in a.rates.split(",") if r.strip())
+    if not rates:
+        p.error("--rates: at least one rate")
+    res = run(a.seconds, rates, a.due_seconds, a.concurrency)
+    acc, fire, by_rate = res["accept"], res["firing"], res["firing_by_rate"]
+    assert isinstance(acc, dict) and isinstance(fire, dict) and isinstance(by_rate, list)
     print(f"accept : {acc['accepted_msgs_per_s']:,.0f} msgs/s accepted (batches of {BATCH} x "
           f"100 B, fsync before ack; {acc['avg_group_size']:.0f} msgs per fsync; broker "
           f"{acc['broker_cpu_us_per_msg']:.1f} CPU us/msg)  [target >= 30,000]")
@@ -167,6 +205,16 @@ def main() -> None:
           f"{fire['lateness_max_ms']:.0f} ms, early {fire['early']} "
           f"({fire['fired_read_back']}/{fire['scheduled']} read back)  "
           "[target p99 <= 10 ms, 0 early]")
+    print(f"{'due msgs/s':>12} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'early':>6} "
+          f"{'read back':>12}")
+    for f in by_rate:
+        print(f"{f['due_rate_msgs_per_s']:>12,.0f} {f['lateness_p50_ms']:>8.0f} "
+              f"{f['lateness_p99_ms']:>8.0f} {f['lateness_max_ms']:>8.0f} {f['early']:>6} "
+              f"{f['fired_read_back']:>6}/{f['scheduled']:<6}"
+              + ("  (sent past first due)" if f["sent_past_first_due"] else ""))
+    k = res["knee_due_rate"]
+    print(f"knee   : {'none' if k is None else f'{k:,.0f}'} due msgs/s "
+          f"(highest rate with p99 <= {KNEE_P99_MS:.0f} ms, 0 early)")
     if a.json:
         print(json.dumps(res))
 
