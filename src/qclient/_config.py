@@ -77,10 +77,19 @@ class ProducerConfig:
             if v < 0 or (v == 0 and not allow_zero):
                 raise ValueError(f"{name} must be {'>= 0' if allow_zero else '> 0'}, got {v!r}")
 
-        for name in ("send_timeout", "detect_interval", "detect_timeout",
-                     "route_refresh_interval", "max_message_size", "batch_max_messages",
-                     "batch_max_bytes", "max_buffered_messages", "namesrv_timeout",
-                     "max_concurrency", "max_in_flight_per_broker"):
+        for name in (
+            "send_timeout",
+            "detect_interval",
+            "detect_timeout",
+            "route_refresh_interval",
+            "max_message_size",
+            "batch_max_messages",
+            "batch_max_bytes",
+            "max_buffered_messages",
+            "namesrv_timeout",
+            "max_concurrency",
+            "max_in_flight_per_broker",
+        ):
             positive(name)
         for name in ("retry_times", "linger_ms", "compress_threshold"):
             positive(name, allow_zero=True)

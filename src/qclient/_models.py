@@ -33,10 +33,18 @@ class Message:
     deliver_at: DeliverAt | None = None
     msg_id: str | None = None
 
-    def __init__(self, topic: str, body: bytes | str, *, key: str | None = None,
-                 tags: str | None = None, properties: dict[str, str] | None = None,
-                 delay: Delay | None = None, deliver_at: DeliverAt | None = None,
-                 msg_id: str | None = None) -> None:
+    def __init__(
+        self,
+        topic: str,
+        body: bytes | str,
+        *,
+        key: str | None = None,
+        tags: str | None = None,
+        properties: dict[str, str] | None = None,
+        delay: Delay | None = None,
+        deliver_at: DeliverAt | None = None,
+        msg_id: str | None = None,
+    ) -> None:
         self.topic = topic
         self.body = body
         self.key = key
@@ -48,8 +56,10 @@ class Message:
 
     def __repr__(self) -> str:
         size = len(self.body)
-        return (f"Message(topic={self.topic!r}, body=<{size} bytes>, key={self.key!r}, "
-                f"delay={self.delay!r}, deliver_at={self.deliver_at!r}, msg_id={self.msg_id!r})")
+        return (
+            f"Message(topic={self.topic!r}, body=<{size} bytes>, key={self.key!r}, "
+            f"delay={self.delay!r}, deliver_at={self.deliver_at!r}, msg_id={self.msg_id!r})"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +102,24 @@ class ReceivedMessage:
 
 #: RocketMQ 4's 18 fixed delay levels, in seconds (level 1 = 1 s ... level 18 = 2 h).
 DELAY_LEVELS: tuple[int, ...] = (
-    1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200,
+    1,
+    5,
+    10,
+    30,
+    60,
+    120,
+    180,
+    240,
+    300,
+    360,
+    420,
+    480,
+    540,
+    600,
+    1200,
+    1800,
+    3600,
+    7200,
 )
 
 

@@ -28,13 +28,15 @@ def delay_to_ms(delay: Any, max_delay_ms: int) -> int:
         seconds = float(delay)
     else:
         raise InvalidMessageError(
-            f"delay must be seconds (float) or a timedelta, got {type(delay).__name__}")
+            f"delay must be seconds (float) or a timedelta, got {type(delay).__name__}"
+        )
     if math.isnan(seconds) or seconds < 0:
         raise InvalidMessageError(f"delay must be >= 0, got {delay!r}")
     ms = round(seconds * 1000)
     if ms > max_delay_ms:
         raise InvalidMessageError(
-            f"delay {seconds:.0f}s is beyond the maximum delay of {max_delay_ms // 1000}s")
+            f"delay {seconds:.0f}s is beyond the maximum delay of {max_delay_ms // 1000}s"
+        )
     return ms
 
 
@@ -43,7 +45,8 @@ def deliver_at_to_ms(deliver_at: Any, max_delay_ms: int, now_ms: int | None = No
     if isinstance(deliver_at, datetime):
         if deliver_at.tzinfo is None or deliver_at.utcoffset() is None:
             raise InvalidMessageError(
-                "deliver_at must be a timezone-aware datetime (naive times are ambiguous)")
+                "deliver_at must be a timezone-aware datetime (naive times are ambiguous)"
+            )
         ms = round(deliver_at.timestamp() * 1000)
     elif isinstance(deliver_at, int | float) and not isinstance(deliver_at, bool):
         if math.isnan(deliver_at) or math.isinf(deliver_at):
@@ -52,25 +55,33 @@ def deliver_at_to_ms(deliver_at: Any, max_delay_ms: int, now_ms: int | None = No
     else:
         raise InvalidMessageError(
             "deliver_at must be an aware datetime or epoch seconds, "
-            f"got {type(deliver_at).__name__}")
+            f"got {type(deliver_at).__name__}"
+        )
     if ms < 0:
         raise InvalidMessageError(f"deliver_at must not be before the epoch, got {deliver_at!r}")
     now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
     if ms - now > max_delay_ms:
         raise InvalidMessageError(
             f"deliver_at is {(ms - now) // 1000}s ahead, beyond the maximum delay of "
-            f"{max_delay_ms // 1000}s")
+            f"{max_delay_ms // 1000}s"
+        )
     return ms
 
 
-def to_wire(cfg: ProducerConfig, topic: str, body: Any, key: str | None = None,
-            tags: str | None = None, properties: dict[str, str] | None = None,
-            delay: Any = None, deliver_at: Any = None,
-            msg_id: str | None = None) -> WireMessage:
+def to_wire(
+    cfg: ProducerConfig,
+    topic: str,
+    body: Any,
+    key: str | None = None,
+    tags: str | None = None,
+    properties: dict[str, str] | None = None,
+    delay: Any = None,
+    deliver_at: Any = None,
+    msg_id: str | None = None,
+) -> WireMessage:
     """Validate one message and build its wire form (``queue_id`` is set at send time)."""
     if not isinstance(topic, str) or _match_topic(topic) is None:
-        raise InvalidMessageError(
-            f"invalid topic {topic!r}: must match {TOPIC_RE.pattern}")
+        raise InvalidMessageError(f"invalid topic {topic!r}: must match {TOPIC_RE.pattern}")
     if isinstance(body, str):
         data = body.encode()
     elif isinstance(body, bytes):
@@ -82,7 +93,8 @@ def to_wire(cfg: ProducerConfig, topic: str, body: Any, key: str | None = None,
     size = len(data)
     if size > cfg.max_message_size:
         raise MessageTooLargeError(
-            f"body of {size} bytes exceeds max_message_size={cfg.max_message_size}")
+            f"body of {size} bytes exceeds max_message_size={cfg.max_message_size}"
+        )
     delay_ms = deliver_at_ms = None
     if delay is not None:
         if deliver_at is not None:
@@ -96,7 +108,8 @@ def to_wire(cfg: ProducerConfig, topic: str, body: Any, key: str | None = None,
         raise InvalidMessageError(f"tags must be a str, got {type(tags).__name__}")
     if properties is not None:
         if not isinstance(properties, dict) or not all(
-                isinstance(k, str) and isinstance(v, str) for k, v in properties.items()):
+            isinstance(k, str) and isinstance(v, str) for k, v in properties.items()
+        ):
             raise InvalidMessageError("properties must be a dict of str to str")
         properties = dict(properties) or None
     if msg_id is None:
@@ -109,17 +122,35 @@ def to_wire(cfg: ProducerConfig, topic: str, body: Any, key: str | None = None,
         if len(packed) < size:  # incompressible bodies travel as they are
             data = packed
             flag = FLAG_COMPRESSED
-    return WireMessage(topic=topic, queue_id=0, msg_id=msg_id, body=data, key=key, tags=tags,
-                       properties=properties, delay_ms=delay_ms, deliver_at_ms=deliver_at_ms,
-                       flag=flag)
+    return WireMessage(
+        topic=topic,
+        queue_id=0,
+        msg_id=msg_id,
+        body=data,
+        key=key,
+        tags=tags,
+        properties=properties,
+        delay_ms=delay_ms,
+        deliver_at_ms=deliver_at_ms,
+        flag=flag,
+    )
 
 
 def message_to_wire(cfg: ProducerConfig, message: Message) -> WireMessage:
     """``to_wire`` for a ``Message`` object."""
     if not isinstance(message, Message):
         raise InvalidMessageError(f"expected a Message, got {type(message).__name__}")
-    return to_wire(cfg, message.topic, message.body, message.key, message.tags,
-                   message.properties, message.delay, message.deliver_at, message.msg_id)
+    return to_wire(
+        cfg,
+        message.topic,
+        message.body,
+        message.key,
+        message.tags,
+        message.properties,
+        message.delay,
+        message.deliver_at,
+        message.msg_id,
+    )
 
 
 #: topics that passed the check (a dict hit is ~10x cheaper than the regex); bounded
@@ -143,8 +174,9 @@ class WireBuilder:
         # a body above this needs compressing: not the fast path
         self.compress_threshold = cfg.compress_threshold or cfg.max_message_size
 
-    def message(self, message: Message, now_ms: int | None = None,
-                ids: Iterator[str] | None = None) -> WireMessage:
+    def message(
+        self, message: Message, now_ms: int | None = None, ids: Iterator[str] | None = None
+    ) -> WireMessage:
         """One ``Message``; ``now_ms`` (epoch ms) and ``ids`` (``msg_ids()``) to skip
         reading the clock."""
         if type(message) is not Message:
@@ -161,10 +193,15 @@ class WireBuilder:
             body = body.encode()  # UTF-8 as to_wire (an unpaired surrogate raises alike)
             tb = bytes
         size = len(body) if tb is bytes else -1
-        if (known_topic and 0 <= size <= self.compress_threshold and size <= self.max_size
-                and message.properties is None
-                and (key is None or type(key) is str) and (tags is None or type(tags) is str)
-                and (msg_id is None or (type(msg_id) is str and 0 < len(msg_id) <= 128))):
+        if (
+            known_topic
+            and 0 <= size <= self.compress_threshold
+            and size <= self.max_size
+            and message.properties is None
+            and (key is None or type(key) is str)
+            and (tags is None or type(tags) is str)
+            and (msg_id is None or (type(msg_id) is str and 0 < len(msg_id) <= 128))
+        ):
             delay_ms = deliver_at_ms = None
             ok = True
             if delay is not None:
@@ -187,8 +224,9 @@ class WireBuilder:
             if ok:
                 if msg_id is None:
                     msg_id = new_msg_id() if ids is None else next(ids)
-                return WireMessage(topic, 0, msg_id, body, key, tags, None, delay_ms,
-                                   deliver_at_ms, 0)
+                return WireMessage(
+                    topic, 0, msg_id, body, key, tags, None, delay_ms, deliver_at_ms, 0
+                )
         wire = message_to_wire(self.cfg, message)
         if len(_good_topics) < _MAX_GOOD_TOPICS and type(message.topic) is str:
             _good_topics.add(message.topic)  # it passed to_wire's check

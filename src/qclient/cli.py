@@ -36,7 +36,8 @@ def parse_duration(text: str) -> float:
     m = _DURATION.match(text)
     if not m:
         raise argparse.ArgumentTypeError(
-            f"invalid duration {text!r} (use e.g. 500ms, 5s, 2m, 1h, 3d)")
+            f"invalid duration {text!r} (use e.g. 500ms, 5s, 2m, 1h, 3d)"
+        )
     return float(m.group(1)) * _UNITS[m.group(2)]
 
 
@@ -46,8 +47,7 @@ def parse_datetime(text: str) -> datetime:
     except ValueError:
         raise argparse.ArgumentTypeError(f"invalid ISO 8601 time {text!r}") from None
     if value.tzinfo is None:
-        raise argparse.ArgumentTypeError(
-            f"time {text!r} has no UTC offset (add e.g. +00:00 or Z)")
+        raise argparse.ArgumentTypeError(f"time {text!r} has no UTC offset (add e.g. +00:00 or Z)")
     return value
 
 
@@ -75,11 +75,16 @@ def cmd_namesrv(args: argparse.Namespace) -> int:
     from .server.namesrv import NameServerConfig, run
 
     cfg = NameServerConfig(
-        host=args.host, port=args.port,
+        host=args.host,
+        port=args.port,
         heartbeat_interval_ms=int(args.heartbeat_interval * 1000),
         broker_expire_ms=int(args.broker_expire * 1000),
-        tls_cert=args.tls_cert, tls_key=args.tls_key, auth_file=args.auth_file,
-        ready_file=args.ready_file, exit_with_parent=args.exit_with_parent)
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        auth_file=args.auth_file,
+        ready_file=args.ready_file,
+        exit_with_parent=args.exit_with_parent,
+    )
     if args.auth_file and not os.path.isfile(args.auth_file):
         raise CliError(f"auth file {args.auth_file} does not exist")
     _run_server(run(cfg))
@@ -87,8 +92,15 @@ def cmd_namesrv(args: argparse.Namespace) -> int:
 
 
 _STORE_INT_KEYS = {
-    "segment_bytes", "bucket_ms", "load_ahead_ms", "dedupe_window_ms", "dedupe_max_ids",
-    "max_pending_messages", "sync_interval_ms", "checkpoint_interval_ms", "retain_fired_ms",
+    "segment_bytes",
+    "bucket_ms",
+    "load_ahead_ms",
+    "dedupe_window_ms",
+    "dedupe_max_ids",
+    "max_pending_messages",
+    "sync_interval_ms",
+    "checkpoint_interval_ms",
+    "retain_fired_ms",
 }
 
 
@@ -103,8 +115,10 @@ def _store_options(pairs: list[tuple[str, str]]) -> dict[str, int | bool]:
             except ValueError:
                 raise CliError(f"--store-option {key} needs an integer, got {value!r}") from None
         else:
-            raise CliError(f"unknown --store-option {key!r} "
-                           f"(known: fsync, {', '.join(sorted(_STORE_INT_KEYS))})")
+            raise CliError(
+                f"unknown --store-option {key!r} "
+                f"(known: fsync, {', '.join(sorted(_STORE_INT_KEYS))})"
+            )
     return out
 
 
@@ -118,15 +132,25 @@ def cmd_broker(args: argparse.Namespace) -> int:
     if args.auth_file and not os.path.isfile(args.auth_file):
         raise CliError(f"auth file {args.auth_file} does not exist")
     cfg = BrokerConfig(
-        name=args.name, data_dir=args.data_dir, namesrv=namesrv, host=args.host,
-        port=args.port, advertise_addr=args.advertise_addr, read_only=args.read_only,
-        auth_file=args.auth_file, auto_create_topics=not args.no_auto_create_topics,
+        name=args.name,
+        data_dir=args.data_dir,
+        namesrv=namesrv,
+        host=args.host,
+        port=args.port,
+        advertise_addr=args.advertise_addr,
+        read_only=args.read_only,
+        auth_file=args.auth_file,
+        auto_create_topics=not args.no_auto_create_topics,
         default_queue_nums=args.default_queues,
         heartbeat_interval_ms=int(args.heartbeat_interval * 1000),
         max_delay_ms=int(args.max_delay * 1000),
         store=_store_options(args.store_option or []),
-        tls_cert=args.tls_cert, tls_key=args.tls_key, tls_ca=args.tls_ca,
-        ready_file=args.ready_file, exit_with_parent=args.exit_with_parent)
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        tls_ca=args.tls_ca,
+        ready_file=args.ready_file,
+        exit_with_parent=args.exit_with_parent,
+    )
     _run_server(run(cfg))
     return 0
 
@@ -142,9 +166,13 @@ def cmd_dev(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    cluster = LocalCluster(brokers=args.brokers, data_dir=args.data_dir,
-                           namesrv_port=args.port, host=args.host,
-                           heartbeat_interval=args.heartbeat_interval)
+    cluster = LocalCluster(
+        brokers=args.brokers,
+        data_dir=args.data_dir,
+        namesrv_port=args.port,
+        host=args.host,
+        heartbeat_interval=args.heartbeat_interval,
+    )
     with cluster:
         print(f"namesrv={cluster.namesrv}", flush=True)
         for b in cluster.brokers:
@@ -177,17 +205,37 @@ def cmd_send(args: argparse.Namespace) -> int:
     props = dict(args.property or [])
     with Producer(args.namesrv, start_detector_enable=False, **_credentials(args)) as producer:
         if args.delay is not None or args.at is not None:
-            result = producer.send_delayed(args.topic, args.body, delay=args.delay,
-                                           deliver_at=args.at, key=args.key, tags=args.tags,
-                                           properties=props or None, msg_id=args.msg_id)
+            result = producer.send_delayed(
+                args.topic,
+                args.body,
+                delay=args.delay,
+                deliver_at=args.at,
+                key=args.key,
+                tags=args.tags,
+                properties=props or None,
+                msg_id=args.msg_id,
+            )
         else:
-            result = producer.send(args.topic, args.body, key=args.key, tags=args.tags,
-                                   properties=props or None, msg_id=args.msg_id)
-    print(json.dumps({
-        "msg_id": result.msg_id, "status": str(result.status), "broker": result.broker_name,
-        "queue_id": result.queue_id, "deliver_at": result.deliver_at.isoformat(),
-        "deliver_at_ms": result.deliver_at_ms,
-    }))
+            result = producer.send(
+                args.topic,
+                args.body,
+                key=args.key,
+                tags=args.tags,
+                properties=props or None,
+                msg_id=args.msg_id,
+            )
+    print(
+        json.dumps(
+            {
+                "msg_id": result.msg_id,
+                "status": str(result.status),
+                "broker": result.broker_name,
+                "queue_id": result.queue_id,
+                "deliver_at": result.deliver_at.isoformat(),
+                "deliver_at_ms": result.deliver_at_ms,
+            }
+        )
+    )
     return 0
 
 
@@ -208,8 +256,11 @@ def cmd_topic_create(args: argparse.Namespace) -> int:
     from .transport.http import Credentials, SyncHttp
 
     creds = _credentials(args)
-    credentials = (Credentials(creds["access_key"], creds["secret_key"])
-                   if creds["access_key"] and creds["secret_key"] else None)
+    credentials = (
+        Credentials(creds["access_key"], creds["secret_key"])
+        if creds["access_key"] and creds["secret_key"]
+        else None
+    )
     http = SyncHttp(content_type=wire.JSON, credentials=credentials)
     try:
         with NameServerClient(args.namesrv, http=http) as ns:
@@ -241,13 +292,24 @@ def cmd_consume(args: argparse.Namespace) -> int:
             remaining = deadline - time.monotonic()
             batch = consumer.poll(min(32, args.max - got), timeout=min(1.0, remaining))
             for m in batch:
-                print(json.dumps({
-                    "msg_id": m.msg_id, "topic": m.topic, "key": m.key, "tags": m.tags,
-                    "body": m.body.decode("utf-8", "replace"), "broker": m.broker_name,
-                    "queue_id": m.queue_id, "offset": m.offset,
-                    "deliver_at_ms": m.deliver_at_ms, "fired_at_ms": m.fired_at_ms,
-                    "properties": m.properties,
-                }), flush=True)
+                print(
+                    json.dumps(
+                        {
+                            "msg_id": m.msg_id,
+                            "topic": m.topic,
+                            "key": m.key,
+                            "tags": m.tags,
+                            "body": m.body.decode("utf-8", "replace"),
+                            "broker": m.broker_name,
+                            "queue_id": m.queue_id,
+                            "offset": m.offset,
+                            "deliver_at_ms": m.deliver_at_ms,
+                            "fired_at_ms": m.fired_at_ms,
+                            "properties": m.properties,
+                        }
+                    ),
+                    flush=True,
+                )
             got += len(batch)
     return 0
 
@@ -278,19 +340,29 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="qclient", description="Delayed messages: SDK, "
-                                     "name server, delay broker.")
+    parser = _Parser(
+        prog="qclient", description="Delayed messages: SDK, name server, delay broker."
+    )
     parser.add_argument("--version", action="version", version="qclient 0.1.0")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("namesrv", help="run a name server in the foreground")
     _add_server(p, 9876)
-    p.add_argument("--heartbeat-interval", type=float, default=30.0,
-                   help="seconds between broker heartbeats the brokers are told to use")
-    p.add_argument("--broker-expire", type=float, default=120.0,
-                   help="seconds without a heartbeat after which a broker leaves the routes")
-    p.add_argument("--auth-file",
-                   help="accept broker (un)registrations signed by this file's broker entry")
+    p.add_argument(
+        "--heartbeat-interval",
+        type=float,
+        default=30.0,
+        help="seconds between broker heartbeats the brokers are told to use",
+    )
+    p.add_argument(
+        "--broker-expire",
+        type=float,
+        default=120.0,
+        help="seconds without a heartbeat after which a broker leaves the routes",
+    )
+    p.add_argument(
+        "--auth-file", help="accept broker (un)registrations signed by this file's broker entry"
+    )
     p.set_defaults(func=cmd_namesrv)
 
     p = sub.add_parser("broker", help="run a broker in the foreground")
@@ -305,10 +377,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-auto-create-topics", action="store_true")
     p.add_argument("--default-queues", type=int, default=4)
     p.add_argument("--heartbeat-interval", type=float, default=30.0, help="seconds")
-    p.add_argument("--max-delay", type=parse_duration, default=40 * 86400.0,
-                   help="longest accepted delay (default 40d)")
-    p.add_argument("--store-option", type=_key_value, action="append", metavar="KEY=VALUE",
-                   help="storage tunable, e.g. bucket_ms=60000 (repeatable)")
+    p.add_argument(
+        "--max-delay",
+        type=parse_duration,
+        default=40 * 86400.0,
+        help="longest accepted delay (default 40d)",
+    )
+    p.add_argument(
+        "--store-option",
+        type=_key_value,
+        action="append",
+        metavar="KEY=VALUE",
+        help="storage tunable, e.g. bucket_ms=60000 (repeatable)",
+    )
     p.set_defaults(func=cmd_broker)
 
     p = sub.add_parser("dev", help="run a name server and N brokers until Ctrl-C")
@@ -321,8 +402,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="the main job on an embedded cluster")
     p.add_argument("--messages", type=int, default=300)
-    p.add_argument("--spread", type=parse_duration, default=4.0,
-                   help="delays are spread over this long (default 4s)")
+    p.add_argument(
+        "--spread",
+        type=parse_duration,
+        default=4.0,
+        help="delays are spread over this long (default 4s)",
+    )
     p.add_argument("--brokers", type=int, default=2)
     p.set_defaults(func=cmd_demo)
 
@@ -369,8 +454,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     level = getattr(args, "log_level", None) or os.environ.get("QCLIENT_LOG_LEVEL", "ERROR")
-    logging.basicConfig(level=level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:

@@ -48,9 +48,17 @@ def _wait(cond: Callable[[], bool], timeout: float, what: str, interval: float =
 class NodeHandle:
     """One name server or broker process: ``.name``, ``.addr``, ``.pid`` and signals."""
 
-    def __init__(self, name: str, role: str, args: list[str], workdir: Path,
-                 host: str = "127.0.0.1", port: int = 0, scheme: str = "http",
-                 env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        role: str,
+        args: list[str],
+        workdir: Path,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        scheme: str = "http",
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         self.name = name
         self.role = role
         self.host = host
@@ -84,21 +92,40 @@ class NodeHandle:
         if self.running:
             raise ClusterError(f"{self.name} is already running")
         self._ready_file.unlink(missing_ok=True)
-        argv = [sys.executable, "-m", "qclient", self.role, *self._args,
-                "--host", self.host, "--port", str(self.port),
-                "--ready-file", str(self._ready_file), "--exit-with-parent", str(os.getpid())]
+        argv = [
+            sys.executable,
+            "-m",
+            "qclient",
+            self.role,
+            *self._args,
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--ready-file",
+            str(self._ready_file),
+            "--exit-with-parent",
+            str(os.getpid()),
+        ]
         logfile = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
         try:
-            self.process = subprocess.Popen(argv, stdout=logfile, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL, env=self._env)
+            self.process = subprocess.Popen(
+                argv,
+                stdout=logfile,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=self._env,
+            )
         finally:
             logfile.close()
 
     def wait_ready(self, timeout: float = 30.0) -> None:
         def ready() -> bool:
             if self.process is not None and self.process.poll() is not None:
-                raise ClusterError(f"{self.role} {self.name} exited with code "
-                                   f"{self.process.returncode}; log: {self._log_tail()}")
+                raise ClusterError(
+                    f"{self.role} {self.name} exited with code "
+                    f"{self.process.returncode}; log: {self._log_tail()}"
+                )
             return self._ready_file.exists()
 
         _wait(ready, timeout, f"{self.role} {self.name} to listen")
@@ -126,8 +153,7 @@ class NodeHandle:
             proc.terminate()
             proc.wait(timeout)
         except subprocess.TimeoutExpired:
-            log.warning("%s %s did not stop in %.0f s; killing it", self.role, self.name,
-                        timeout)
+            log.warning("%s %s did not stop in %.0f s; killing it", self.role, self.name, timeout)
             proc.kill()
             proc.wait(10)
         except ProcessLookupError:
@@ -154,15 +180,26 @@ class NodeHandle:
 class LocalCluster:
     """A name server and ``brokers`` brokers as child processes (a context manager)."""
 
-    def __init__(self, brokers: int = 2, data_dir: str | None = None,
-                 auth_file: str | None = None, *, namesrv_count: int = 1,
-                 namesrv_port: int = 0, host: str = "127.0.0.1",
-                 heartbeat_interval: float = 1.0, broker_expire: float | None = None,
-                 read_only: Sequence[str] = (), auto_create_topics: bool = True,
-                 store_options: Mapping[str, Any] | None = None,
-                 broker_args: Sequence[str] = (),
-                 tls_cert: str | None = None, tls_key: str | None = None,
-                 tls_ca: str | None = None, startup_timeout: float = 60.0) -> None:
+    def __init__(
+        self,
+        brokers: int = 2,
+        data_dir: str | None = None,
+        auth_file: str | None = None,
+        *,
+        namesrv_count: int = 1,
+        namesrv_port: int = 0,
+        host: str = "127.0.0.1",
+        heartbeat_interval: float = 1.0,
+        broker_expire: float | None = None,
+        read_only: Sequence[str] = (),
+        auto_create_topics: bool = True,
+        store_options: Mapping[str, Any] | None = None,
+        broker_args: Sequence[str] = (),
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
+        tls_ca: str | None = None,
+        startup_timeout: float = 60.0,
+    ) -> None:
         self._own_dir = data_dir is None
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="qclient-cluster-"))
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -171,18 +208,35 @@ class LocalCluster:
         tls: list[str] = ["--tls-cert", tls_cert, "--tls-key", tls_key or ""] if tls_cert else []
         expire = broker_expire if broker_expire is not None else max(3.0, 4 * heartbeat_interval)
         self.namesrv_nodes = [
-            NodeHandle(f"namesrv-{i}", "namesrv",
-                       ["--broker-expire", str(expire), *tls,
-                        *(["--auth-file", auth_file] if auth_file else [])],  # issue 6
-                       self.data_dir, host,
-                       namesrv_port if i == 0 else 0, scheme)
+            NodeHandle(
+                f"namesrv-{i}",
+                "namesrv",
+                [
+                    "--broker-expire",
+                    str(expire),
+                    *tls,
+                    *(["--auth-file", auth_file] if auth_file else []),
+                ],  # issue 6
+                self.data_dir,
+                host,
+                namesrv_port if i == 0 else 0,
+                scheme,
+            )
             for i in range(namesrv_count)
         ]
         self._broker_specs: list[tuple[str, list[str]]] = []
         for i in range(brokers):
             name = f"broker-{chr(ord('a') + i)}" if i < 26 else f"broker-{i}"
-            args = ["--name", name, "--data-dir", str(self.data_dir / name),
-                    "--heartbeat-interval", str(heartbeat_interval), *broker_args, *tls]
+            args = [
+                "--name",
+                name,
+                "--data-dir",
+                str(self.data_dir / name),
+                "--heartbeat-interval",
+                str(heartbeat_interval),
+                *broker_args,
+                *tls,
+            ]
             if tls_cert:  # issue 6: brokers verify the name server (self-signed: its cert)
                 args += ["--tls-ca", tls_ca or tls_cert]
             if name in read_only:
@@ -228,9 +282,17 @@ class LocalCluster:
                 node.wait_ready(self.startup_timeout)
             namesrv = self.namesrv
             for name, args in self._broker_specs:
-                self.brokers.append(NodeHandle(
-                    name, "broker", [*args, "--namesrv", namesrv], self.data_dir,
-                    self.namesrv_node.host, 0, self.namesrv_node.scheme))
+                self.brokers.append(
+                    NodeHandle(
+                        name,
+                        "broker",
+                        [*args, "--namesrv", namesrv],
+                        self.data_dir,
+                        self.namesrv_node.host,
+                        0,
+                        self.namesrv_node.scheme,
+                    )
+                )
             for b in self.brokers:
                 b.spawn()
             with ThreadPoolExecutor(max(1, len(self.brokers))) as pool:
@@ -257,8 +319,12 @@ class LocalCluster:
     def __enter__(self) -> LocalCluster:
         return self.start()
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self.stop()
 
     # --- waiting on the name server -------------------------------------------------
@@ -273,17 +339,23 @@ class LocalCluster:
             return set()
         return {b.broker_name for b in wire.decode(resp.content, wire.BrokerList).brokers}
 
-    def wait_registered(self, names: Sequence[str] | None = None,
-                        timeout: float | None = None) -> None:
+    def wait_registered(
+        self, names: Sequence[str] | None = None, timeout: float | None = None
+    ) -> None:
         """Wait until every name server lists the brokers (all by default)."""
         want = set(names) if names is not None else {b.name for b in self.brokers}
         for ns in self.namesrv_nodes:
-            _wait(functools.partial(lambda n: want <= self.registered(n), ns),
-                  timeout or self.startup_timeout,
-                  f"brokers {sorted(want)} to register with {ns.addr}")
+            _wait(
+                functools.partial(lambda n: want <= self.registered(n), ns),
+                timeout or self.startup_timeout,
+                f"brokers {sorted(want)} to register with {ns.addr}",
+            )
 
     def wait_unregistered(self, name: str, timeout: float = 30.0) -> None:
         """Wait until no name server lists the broker (stopped, or heartbeats expired)."""
         for ns in self.namesrv_nodes:
-            _wait(functools.partial(lambda n: name not in self.registered(n), ns), timeout,
-                  f"broker {name} to leave {ns.addr}")
+            _wait(
+                functools.partial(lambda n: name not in self.registered(n), ns),
+                timeout,
+                f"broker {name} to leave {ns.addr}",
+            )

@@ -35,9 +35,17 @@ _ROUTE_TTL = 5.0  # seconds between route look-ups while polling
 class Consumer:
     """``Consumer(namesrv, topic, group)``; ``poll()`` returns delivered messages."""
 
-    def __init__(self, namesrv: str | Sequence[str], topic: str, group: str, *,
-                 access_key: str | None = None, secret_key: str | None = None,
-                 request_timeout: float = 5.0, verify: bool | str = True) -> None:
+    def __init__(
+        self,
+        namesrv: str | Sequence[str],
+        topic: str,
+        group: str,
+        *,
+        access_key: str | None = None,
+        secret_key: str | None = None,
+        request_timeout: float = 5.0,
+        verify: bool | str = True,
+    ) -> None:
         if not wire.valid_topic(topic):
             from .errors import InvalidMessageError
 
@@ -102,8 +110,12 @@ class Consumer:
     def __enter__(self) -> Consumer:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self.close()
 
     # --- internals ------------------------------------------------------------------
@@ -117,25 +129,29 @@ class Consumer:
             if self._brokers:  # keep polling the brokers we know
                 return
             raise
-        self._brokers = {b.broker_name: b.addrs[wire.MASTER_ID] for b in route.broker_datas
-                         if wire.MASTER_ID in b.addrs}
+        self._brokers = {
+            b.broker_name: b.addrs[wire.MASTER_ID]
+            for b in route.broker_datas
+            if wire.MASTER_ID in b.addrs
+        }
         self._route_at = time.monotonic()
 
-    def _pull(self, broker: str, addr: str, commits: dict[int, int], max_messages: int,
-              wait_ms: int) -> wire.PullResponse:
+    def _pull(
+        self, broker: str, addr: str, commits: dict[int, int], max_messages: int, wait_ms: int
+    ) -> wire.PullResponse:
         req = wire.PullRequest(self.topic, self.group, max_messages, wait_ms, commits)
         body = wire.encode(req, wire.MSGPACK)
         try:
-            resp = self._http.request("POST", addr, wire.BROKER_PULL, body,
-                                      timeout=self._timeout + wait_ms / 1000)
+            resp = self._http.request(
+                "POST", addr, wire.BROKER_PULL, body, timeout=self._timeout + wait_ms / 1000
+            )
         except httpx.HTTPError as exc:
             raise classify_exception(exc, broker=broker, timeout=self._timeout)[1] from None
         if resp.status == 404:  # topic not created on this broker yet: nothing to read
             return wire.PullResponse(broker, [])
         if resp.status != 200:
             code, message = parse_error_response(resp)
-            raise error_for_code(code, message, broker=broker, topic=self.topic,
-                                 status=resp.status)
+            raise error_for_code(code, message, broker=broker, topic=self.topic, status=resp.status)
         try:
             return wire.decode(resp.content, wire.PullResponse, resp.media_type)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
@@ -150,14 +166,16 @@ class Consumer:
             for name, addr in self._brokers.items():
                 if name not in self._inflight:
                     commits = self._commits.pop(name, {})
-                    fut = self._pool.submit(self._pull, name, addr, commits, max_messages,
-                                            wait_ms)
+                    fut = self._pool.submit(self._pull, name, addr, commits, max_messages, wait_ms)
                     fut.commits = commits  # type: ignore[attr-defined]
                     self._inflight[name] = fut
             if not self._inflight:
                 return
-            done, _ = wait(list(self._inflight.values()), timeout=max(0.0, remaining) + 0.05,
-                           return_when=FIRST_COMPLETED)
+            done, _ = wait(
+                list(self._inflight.values()),
+                timeout=max(0.0, remaining) + 0.05,
+                return_when=FIRST_COMPLETED,
+            )
             errors: list[QClientError] = []
             for name, fut in list(self._inflight.items()):
                 if fut not in done:
@@ -196,11 +214,21 @@ class Consumer:
             pending[q] = max(pending.get(q, 0), off)
         for m in resp.messages:
             body = zlib.decompress(m.body) if m.flag & wire.FLAG_COMPRESSED else m.body
-            self._buffer.append(ReceivedMessage(
-                msg_id=m.msg_id, topic=m.topic, body=body, key=m.key, tags=m.tags,
-                properties=dict(m.properties or {}), deliver_at_ms=m.deliver_at_ms,
-                fired_at_ms=m.fired_at_ms, broker_name=broker, queue_id=m.queue_id,
-                offset=m.offset))
+            self._buffer.append(
+                ReceivedMessage(
+                    msg_id=m.msg_id,
+                    topic=m.topic,
+                    body=body,
+                    key=m.key,
+                    tags=m.tags,
+                    properties=dict(m.properties or {}),
+                    deliver_at_ms=m.deliver_at_ms,
+                    fired_at_ms=m.fired_at_ms,
+                    broker_name=broker,
+                    queue_id=m.queue_id,
+                    offset=m.offset,
+                )
+            )
 
     def _commit_all(self) -> None:
         for name, fut in list(self._inflight.items()):

@@ -61,8 +61,14 @@ class BrokerUnavailableError(QClientError):
 class BrokerResponseError(QClientError):
     """A broker answered with an error that is not one of the specific kinds above."""
 
-    def __init__(self, message: str, *, code: str, broker_name: str | None = None,
-                 status_code: int | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str,
+        broker_name: str | None = None,
+        status_code: int | None = None,
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.broker_name = broker_name

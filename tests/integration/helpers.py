@@ -11,8 +11,9 @@ import pytest
 from qclient import Consumer, ReceivedMessage
 
 
-def wait_until(cond: Callable[[], object], timeout: float, what: str,
-               interval: float = 0.05) -> object:
+def wait_until(
+    cond: Callable[[], object], timeout: float, what: str, interval: float = 0.05
+) -> object:
     """Poll ``cond`` until it returns a truthy value; fail the test after ``timeout`` s."""
     deadline = time.monotonic() + timeout
     while True:
@@ -24,8 +25,9 @@ def wait_until(cond: Callable[[], object], timeout: float, what: str,
         time.sleep(interval)
 
 
-def drain(namesrv: str, topic: str, group: str, expected: int, timeout: float,
-          settle: float = 0.0) -> list[ReceivedMessage]:
+def drain(
+    namesrv: str, topic: str, group: str, expected: int, timeout: float, settle: float = 0.0
+) -> list[ReceivedMessage]:
     """Consume until ``expected`` distinct ids arrived (or ``timeout``), then ``settle``
     seconds more so duplicates and strays show up too. Commits on close."""
     got: list[ReceivedMessage] = []

@@ -37,36 +37,100 @@ CASES = [
     ("POST", "/v1/send", "application/json", b'{"messages": [], "extra": 1}', 400),
     ("POST", "/v1/send", "application/msgpack", b"\xc1\xc1", 400),
     ("POST", "/v1/send", "text/plain", b"hello", 415),
-    ("POST", "/v1/send", "application/json",
-     msgspec.json.encode({"messages": [_msg(topic="../../etc/passwd")]}), 400),
-    ("POST", "/v1/send", "application/json",
-     msgspec.json.encode({"messages": [_msg(topic="a" * 128)]}), 400),
-    ("POST", "/v1/send", "application/json",
-     msgspec.json.encode({"messages": [_msg(body="not base64!")]}), 400),
-    ("POST", "/v1/send", "application/json",
-     msgspec.json.encode({"messages": [_msg(queue_id=-1)]}), 400),
-    ("POST", "/v1/send", "application/json",
-     msgspec.json.encode({"messages": [_msg(delay_ms=-5)]}), 400),
-    ("POST", "/v1/send", "application/json",
-     msgspec.json.encode({"messages": [_msg(delay_ms=10**15)]}), 400),
-    ("POST", "/v1/send", "application/json",
-     msgspec.json.encode({"messages": [_msg(delay_ms=5, deliver_at_ms=5)]}), 400),
-    ("POST", "/v1/send", "application/json",
-     msgspec.json.encode({"messages": [_msg(msg_id="")]}), 400),
-    ("POST", "/v1/send", "application/json",
-     msgspec.json.encode({"messages": [_msg(msg_id="has space")]}), 400),
-    ("POST", "/v1/send", "application/json",
-     msgspec.json.encode({"messages": [_msg(flag=128)]}), 400),
-    ("POST", "/v1/send", "application/json",
-     msgspec.json.encode({"messages": [_msg(properties={"k": "v" * 5000})]}), 400),
-    ("POST", "/v1/cancel", "application/json", b'{"topic": "../x", "msg_id": "a", '
-                                               b'"deliver_at_ms": 1}', 400),
+    (
+        "POST",
+        "/v1/send",
+        "application/json",
+        msgspec.json.encode({"messages": [_msg(topic="../../etc/passwd")]}),
+        400,
+    ),
+    (
+        "POST",
+        "/v1/send",
+        "application/json",
+        msgspec.json.encode({"messages": [_msg(topic="a" * 128)]}),
+        400,
+    ),
+    (
+        "POST",
+        "/v1/send",
+        "application/json",
+        msgspec.json.encode({"messages": [_msg(body="not base64!")]}),
+        400,
+    ),
+    (
+        "POST",
+        "/v1/send",
+        "application/json",
+        msgspec.json.encode({"messages": [_msg(queue_id=-1)]}),
+        400,
+    ),
+    (
+        "POST",
+        "/v1/send",
+        "application/json",
+        msgspec.json.encode({"messages": [_msg(delay_ms=-5)]}),
+        400,
+    ),
+    (
+        "POST",
+        "/v1/send",
+        "application/json",
+        msgspec.json.encode({"messages": [_msg(delay_ms=10**15)]}),
+        400,
+    ),
+    (
+        "POST",
+        "/v1/send",
+        "application/json",
+        msgspec.json.encode({"messages": [_msg(delay_ms=5, deliver_at_ms=5)]}),
+        400,
+    ),
+    (
+        "POST",
+        "/v1/send",
+        "application/json",
+        msgspec.json.encode({"messages": [_msg(msg_id="")]}),
+        400,
+    ),
+    (
+        "POST",
+        "/v1/send",
+        "application/json",
+        msgspec.json.encode({"messages": [_msg(msg_id="has space")]}),
+        400,
+    ),
+    (
+        "POST",
+        "/v1/send",
+        "application/json",
+        msgspec.json.encode({"messages": [_msg(flag=128)]}),
+        400,
+    ),
+    (
+        "POST",
+        "/v1/send",
+        "application/json",
+        msgspec.json.encode({"messages": [_msg(properties={"k": "v" * 5000})]}),
+        400,
+    ),
+    (
+        "POST",
+        "/v1/cancel",
+        "application/json",
+        b'{"topic": "../x", "msg_id": "a", "deliver_at_ms": 1}',
+        400,
+    ),
     ("POST", "/v1/pull", "application/json", b'{"topic": "..", "group": "g"}', 400),
     ("POST", "/v1/pull", "application/json", b'{"topic": "bad", "group": "../g"}', 400),
-    ("POST", "/v1/pull", "application/json",
-     b'{"topic": "bad", "group": "g", "max_messages": 100000}', 400),
-    ("POST", "/v1/pull", "application/json", b'{"topic": "bad", "group": "g", "wait_ms": -1}',
-     400),
+    (
+        "POST",
+        "/v1/pull",
+        "application/json",
+        b'{"topic": "bad", "group": "g", "max_messages": 100000}',
+        400,
+    ),
+    ("POST", "/v1/pull", "application/json", b'{"topic": "bad", "group": "g", "wait_ms": -1}', 400),
     ("POST", "/v1/topics", "application/json", b'{"topic": "a/b"}', 400),
     ("POST", "/v1/topics", "application/json", b'{"topic": "ok", "queues": 100000}', 400),
     ("POST", "/v1/topics", "application/json", b'{"topic": "ok", "perm": 99}', 400),
@@ -89,8 +153,9 @@ def test_bad_request_is_refused_cleanly(cluster, method, path, ctype, body, stat
     headers = {"content-type": ctype} if ctype else {}
     resp = httpx.request(method, f"http://{addr}{path}", content=body, headers=headers)
     assert resp.status_code == status, resp.text
-    err = wire.decode(resp.content, wire.ErrorResponse,
-                      resp.headers["content-type"].split(";")[0]).error
+    err = wire.decode(
+        resp.content, wire.ErrorResponse, resp.headers["content-type"].split(";")[0]
+    ).error
     assert err.code and err.message
     assert "\n" not in err.message
     assert _stored(addr) == before
@@ -101,20 +166,31 @@ def test_oversized_body_and_huge_batch(cluster):
     addr = cluster.brokers[0].addr
     before = _stored(addr)
     big = wire.SendRequest([wire.WireMessage("bad", 0, "big-1", os.urandom(4 * 1024 * 1024 + 1))])
-    resp = httpx.post(f"http://{addr}/v1/send", content=wire.encode(big, wire.MSGPACK),
-                      headers={"content-type": wire.MSGPACK})
+    resp = httpx.post(
+        f"http://{addr}/v1/send",
+        content=wire.encode(big, wire.MSGPACK),
+        headers={"content-type": wire.MSGPACK},
+    )
     assert resp.status_code == 413
     assert wire.decode(resp.content, wire.ErrorResponse, wire.MSGPACK).error.code == (
-        "MESSAGE_TOO_LARGE")
+        "MESSAGE_TOO_LARGE"
+    )
     many = wire.SendRequest([wire.WireMessage("bad", 0, f"n-{i}", b"") for i in range(5000)])
-    resp = httpx.post(f"http://{addr}/v1/send", content=wire.encode(many, wire.MSGPACK),
-                      headers={"content-type": wire.MSGPACK})
+    resp = httpx.post(
+        f"http://{addr}/v1/send",
+        content=wire.encode(many, wire.MSGPACK),
+        headers={"content-type": wire.MSGPACK},
+    )
     assert resp.status_code == 413
     assert wire.decode(resp.content, wire.ErrorResponse, wire.MSGPACK).error.code == (
-        "BATCH_TOO_LARGE")
+        "BATCH_TOO_LARGE"
+    )
     # one request body beyond the server's limit is cut off before it is read
-    resp = httpx.post(f"http://{addr}/v1/send", content=b"0" * (65 * 1024 * 1024),
-                      headers={"content-type": wire.JSON})
+    resp = httpx.post(
+        f"http://{addr}/v1/send",
+        content=b"0" * (65 * 1024 * 1024),
+        headers={"content-type": wire.JSON},
+    )
     assert resp.status_code == 413
     assert _stored(addr) == before
 
@@ -124,8 +200,7 @@ def test_a_batch_with_one_bad_message_stores_none(cluster):
     before = _stored(addr)
     good = [_msg(msg_id=f"g-{i}") for i in range(5)]
     body = msgspec.json.encode({"messages": [*good, _msg(topic="no/slash")]})
-    resp = httpx.post(f"http://{addr}/v1/send", content=body,
-                      headers={"content-type": wire.JSON})
+    resp = httpx.post(f"http://{addr}/v1/send", content=body, headers={"content-type": wire.JSON})
     assert resp.status_code == 400
     assert "messages[5].topic" in resp.json()["error"]["message"]
     assert _stored(addr) == before
@@ -134,11 +209,13 @@ def test_a_batch_with_one_bad_message_stores_none(cluster):
 def test_name_server_refuses_bad_input(cluster):
     ns = cluster.namesrv
     assert httpx.get(f"http://{ns}/v1/routes/a%2F..%2Fb").status_code == 400
-    resp = httpx.post(f"http://{ns}/v1/brokers/register", content=b"{}",
-                      headers={"content-type": wire.JSON})
+    resp = httpx.post(
+        f"http://{ns}/v1/brokers/register", content=b"{}", headers={"content-type": wire.JSON}
+    )
     assert resp.status_code == 400
-    resp = httpx.post(f"http://{ns}/v1/brokers/register", content=b"nope",
-                      headers={"content-type": wire.JSON})
+    resp = httpx.post(
+        f"http://{ns}/v1/brokers/register", content=b"nope", headers={"content-type": wire.JSON}
+    )
     assert resp.status_code == 400
     assert httpx.get(f"http://{ns}/v1/routes/never-made-x").status_code in (200, 404)
     assert httpx.get(f"http://{ns}/health").status_code == 200

@@ -16,15 +16,20 @@ QCLIENT = [sys.executable, "-m", "qclient"]
 
 
 def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*QCLIENT, *args], capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [*QCLIENT, *args], capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+    )
 
 
 @pytest.fixture(scope="module")
 def dev_cluster():
     """`qclient dev --port 0` as the user runs it; its first line names the name server."""
-    proc = subprocess.Popen([*QCLIENT, "dev", "--brokers", "1", "--port", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [*QCLIENT, "dev", "--brokers", "1", "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         first = proc.stdout.readline().strip()  # bounded by the cluster's start timeout
         assert first.startswith("namesrv="), first
@@ -47,13 +52,34 @@ def test_dev_send_route_topic_consume(dev_cluster):
     assert r.returncode == 0, r.stderr
     route = json.loads(r.stdout)
     assert route["queue_datas"][0]["write_queue_nums"] == 2
-    r = run("send", "--namesrv", namesrv, "--topic", "cli-topic", "--delay", "300ms",
-            "--key", "k1", "hello cli")
+    r = run(
+        "send",
+        "--namesrv",
+        namesrv,
+        "--topic",
+        "cli-topic",
+        "--delay",
+        "300ms",
+        "--key",
+        "k1",
+        "hello cli",
+    )
     assert r.returncode == 0, r.stderr
     sent = json.loads(r.stdout)
     assert sent["status"] == "SEND_OK"
-    r = run("consume", "--namesrv", namesrv, "--topic", "cli-topic", "--group", "g",
-            "--max", "1", "--timeout", "15")
+    r = run(
+        "consume",
+        "--namesrv",
+        namesrv,
+        "--topic",
+        "cli-topic",
+        "--group",
+        "g",
+        "--max",
+        "1",
+        "--timeout",
+        "15",
+    )
     assert r.returncode == 0, r.stderr
     got = json.loads(r.stdout.splitlines()[0])
     assert got["msg_id"] == sent["msg_id"]
@@ -62,8 +88,12 @@ def test_dev_send_route_topic_consume(dev_cluster):
 
 
 def test_dev_stops_its_children_on_sigterm():
-    proc = subprocess.Popen([*QCLIENT, "dev", "--brokers", "1", "--port", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [*QCLIENT, "dev", "--brokers", "1", "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stdout.readline().startswith("namesrv=")
         children = psutil.Process(proc.pid).children(recursive=True)
@@ -76,15 +106,27 @@ def test_dev_stops_its_children_on_sigterm():
     assert not alive
 
 
-@pytest.mark.parametrize("args", [
-    ("send", "--namesrv", "127.0.0.1:1", "--topic", "t", "--delay", "5s", "hi"),
-    ("route", "--namesrv", "127.0.0.1:1", "t"),
-    ("topic", "create", "--namesrv", "127.0.0.1:1", "t"),
-    ("consume", "--namesrv", "127.0.0.1:1", "--topic", "t", "--group", "g", "--timeout", "1"),
-    ("send", "--namesrv", "127.0.0.1:1", "--topic", "bad/topic", "hi"),
-    ("broker", "--name", "b", "--data-dir", "/tmp/qclient-x", "--namesrv", "127.0.0.1:1",
-     "--auth-file", "/nonexistent/auth.json"),
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("send", "--namesrv", "127.0.0.1:1", "--topic", "t", "--delay", "5s", "hi"),
+        ("route", "--namesrv", "127.0.0.1:1", "t"),
+        ("topic", "create", "--namesrv", "127.0.0.1:1", "t"),
+        ("consume", "--namesrv", "127.0.0.1:1", "--topic", "t", "--group", "g", "--timeout", "1"),
+        ("send", "--namesrv", "127.0.0.1:1", "--topic", "bad/topic", "hi"),
+        (
+            "broker",
+            "--name",
+            "b",
+            "--data-dir",
+            "/tmp/qclient-x",
+            "--namesrv",
+            "127.0.0.1:1",
+            "--auth-file",
+            "/nonexistent/auth.json",
+        ),
+    ],
+)
 def test_expected_errors_are_one_line_exit_1(args):
     r = run(*args)
     assert r.returncode == 1, (r.stdout, r.stderr)
@@ -94,13 +136,16 @@ def test_expected_errors_are_one_line_exit_1(args):
     assert "Traceback" not in r.stderr
 
 
-@pytest.mark.parametrize("args", [
-    ("send", "--topic", "t", "hi"),
-    ("send", "--namesrv", "x:1", "--topic", "t", "--delay", "5q", "hi"),
-    ("send", "--namesrv", "x:1", "--topic", "t", "--at", "2030-01-01T00:00:00", "hi"),
-    ("send", "--namesrv", "x:1", "--topic", "t", "--delay=-5s", "hi"),
-    ("nosuchcommand",),
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("send", "--topic", "t", "hi"),
+        ("send", "--namesrv", "x:1", "--topic", "t", "--delay", "5q", "hi"),
+        ("send", "--namesrv", "x:1", "--topic", "t", "--at", "2030-01-01T00:00:00", "hi"),
+        ("send", "--namesrv", "x:1", "--topic", "t", "--delay=-5s", "hi"),
+        ("nosuchcommand",),
+    ],
+)
 def test_usage_errors_are_one_line_exit_2(args):
     r = run(*args)
     assert r.returncode == 2

@@ -23,8 +23,10 @@ def cluster():
 
 def test_delayed_messages_arrive_on_time_none_early_none_lost(cluster):
     rng = random.Random(1)
-    batch = [Message("arrive", f"body-{i}".encode(), key=f"k{i}",
-                     delay=0.2 + rng.random() * 1.3) for i in range(400)]
+    batch = [
+        Message("arrive", f"body-{i}".encode(), key=f"k{i}", delay=0.2 + rng.random() * 1.3)
+        for i in range(400)
+    ]
     with Producer(cluster.namesrv) as producer:
         results = producer.send_batch(batch)
     assert {r.broker_name for r in results} == {"broker-a", "broker-b"}
@@ -47,8 +49,11 @@ def test_not_visible_before_its_time(cluster):
         addr = next(b.addr for b in cluster.brokers if b.name == r.broker_name)
         pull = wire.PullRequest("early-check", "g", 10, wait_ms=0)
         while time.time() * 1000 < r.deliver_at_ms - 100:
-            resp = http.post(f"http://{addr}{wire.BROKER_PULL}", content=wire.encode(pull),
-                             headers={"content-type": wire.JSON})
+            resp = http.post(
+                f"http://{addr}{wire.BROKER_PULL}",
+                content=wire.encode(pull),
+                headers={"content-type": wire.JSON},
+            )
             assert resp.status_code == 200
             assert wire.decode(resp.content, wire.PullResponse).messages == []
             time.sleep(0.2)
@@ -67,7 +72,8 @@ def test_same_msg_id_is_stored_once(cluster):
         producer.flush()
     assert [r.msg_id for r in second] == ids
     assert [(r.broker_name, r.deliver_at_ms) for r in second] == [
-        (r.broker_name, r.deliver_at_ms) for r in first]
+        (r.broker_name, r.deliver_at_ms) for r in first
+    ]
     assert third.result().deliver_at_ms == first[0].deliver_at_ms
     assert {r.broker_name for r in first} == {"broker-a", "broker-b"}
     got = drain(cluster.namesrv, "dedupe", "g", expected=len(ids), timeout=10, settle=1.0)
@@ -105,8 +111,7 @@ def test_kill9_after_3000_acks_then_restart_delivers_all():
     with LocalCluster(brokers=1) as c:
         broker = c.brokers[0]
         rng = random.Random(3)
-        msgs = [Message("crash", f"m{i}".encode(), delay=rng.random() * 2.0)
-                for i in range(3000)]
+        msgs = [Message("crash", f"m{i}".encode(), delay=rng.random() * 2.0) for i in range(3000)]
         with Producer(c.namesrv, start_detector_enable=False) as producer:
             results = producer.send_batch(msgs)
         assert len(results) == 3000
@@ -122,8 +127,7 @@ def test_kill9_after_3000_acks_then_restart_delivers_all():
 def test_clean_restart_after_delivery_delivers_nothing_again():
     with LocalCluster(brokers=1) as c:
         with Producer(c.namesrv) as producer:
-            results = producer.send_batch(
-                [Message("restart", b"x", delay=0.1) for _ in range(200)])
+            results = producer.send_batch([Message("restart", b"x", delay=0.1) for _ in range(200)])
         got = drain(c.namesrv, "restart", "g", expected=200, timeout=20)
         assert {m.msg_id for m in got} == {r.msg_id for r in results}
         c.brokers[0].stop()
@@ -154,8 +158,9 @@ def test_far_future_backlog_stays_on_disk():
 def test_read_only_broker_gets_no_writes():
     with LocalCluster(brokers=2, read_only=["broker-b"]) as c:
         for b in c.brokers:
-            resp = httpx.post(f"http://{b.addr}{wire.BROKER_TOPICS}",
-                              json={"topic": "ro", "queues": 4})
+            resp = httpx.post(
+                f"http://{b.addr}{wire.BROKER_TOPICS}", json={"topic": "ro", "queues": 4}
+            )
             assert resp.status_code == 200, resp.text
 
         def both_in_route() -> bool:
@@ -169,8 +174,9 @@ def test_read_only_broker_gets_no_writes():
         with Producer(c.namesrv) as producer:
             results = producer.send_batch([Message("ro", b"x") for _ in range(50)])
         assert {r.broker_name for r in results} == {"broker-a"}
-        direct = httpx.post(f"http://{c.broker('broker-b').addr}{wire.BROKER_SEND}",
-                            json={"messages": [{"topic": "ro", "queue_id": 0, "msg_id": "m1",
-                                                "body": ""}]})
+        direct = httpx.post(
+            f"http://{c.broker('broker-b').addr}{wire.BROKER_SEND}",
+            json={"messages": [{"topic": "ro", "queue_id": 0, "msg_id": "m1", "body": ""}]},
+        )
         assert direct.status_code == 403
         assert direct.json()["error"]["code"] == "NOT_WRITABLE"

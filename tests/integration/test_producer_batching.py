@@ -27,7 +27,8 @@ def test_send_batch_2000_in_order_all_delivered(cluster: LocalCluster) -> None:
     bodies[7] = b"z" * 10_000  # above the compression threshold: consumers see the original
     with Producer(cluster.namesrv) as p:
         results = p.send_batch(
-            Message("batch", b, delay=0.5, msg_id=f"b-{i}") for i, b in enumerate(bodies))
+            Message("batch", b, delay=0.5, msg_id=f"b-{i}") for i, b in enumerate(bodies)
+        )
         stats = p.stats()
     assert [r.msg_id for r in results] == [f"b-{i}" for i in range(2000)]
     assert {r.broker_name for r in results} == {"broker-a", "broker-b"}
@@ -64,8 +65,13 @@ def test_callbacks_run_off_the_sender_thread(cluster: LocalCluster) -> None:
 def test_only_broker_paused_send_async_is_bounded(tmp_path) -> None:
     with LocalCluster(1, data_dir=str(tmp_path), broker_expire=60.0) as c:
         broker = c.brokers[0]
-        p = Producer(c.namesrv, send_timeout=1.0, max_buffered_messages=300,
-                     linger_ms=1.0, batch_max_messages=50)
+        p = Producer(
+            c.namesrv,
+            send_timeout=1.0,
+            max_buffered_messages=300,
+            linger_ms=1.0,
+            batch_max_messages=50,
+        )
         try:
             p.send("paused", b"warm")
             broker.pause()
@@ -125,10 +131,10 @@ def test_close_timeout_fails_pending_futures(tmp_path) -> None:
 def test_async_producer_gather_and_batch(cluster: LocalCluster) -> None:
     async def main() -> tuple[list[SendResult], list[SendResult]]:
         async with AsyncProducer(cluster.namesrv) as ap:
-            gathered = await asyncio.gather(*(
-                ap.send_delayed("aio", f"g{i}", delay=0.5) for i in range(1000)))
-            batch = await ap.send_batch(
-                [Message("aio", f"b{i}", delay=0.5) for i in range(1000)])
+            gathered = await asyncio.gather(
+                *(ap.send_delayed("aio", f"g{i}", delay=0.5) for i in range(1000))
+            )
+            batch = await ap.send_batch([Message("aio", f"b{i}", delay=0.5) for i in range(1000)])
             return list(gathered), batch
 
     gathered, batch = asyncio.run(main())

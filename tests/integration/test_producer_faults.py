@@ -39,8 +39,11 @@ def test_kill9_one_broker_while_sending(tmp_path) -> None:
         assert len(errors) <= 2, errors
         # isolated at once, then dropped from the route: no further attempts on it
         assert after_kill is not None and _requests(p, victim.name) - after_kill <= 2
-        dead = next(f for f in p.fault_items() if f.name == victim.name) \
-            if any(f.name == victim.name for f in p.fault_items()) else None
+        dead = (
+            next(f for f in p.fault_items() if f.name == victim.name)
+            if any(f.name == victim.name for f in p.fault_items())
+            else None
+        )
         assert dead is None or not dead.available
         victim.start()
         got = drain(c.namesrv, "kill9", "g", len(acked), timeout=40)
@@ -53,8 +56,10 @@ def test_kill9_one_broker_while_sending(tmp_path) -> None:
 def test_sigstop_one_broker_then_sigcont(tmp_path) -> None:
     # a long broker expiry keeps the paused broker in the route: the detector, not the
     # name server, is what must take it out of use and bring it back
-    with LocalCluster(2, data_dir=str(tmp_path), broker_expire=60.0) as c, Producer(
-            c.namesrv, send_timeout=3.0) as p:
+    with (
+        LocalCluster(2, data_dir=str(tmp_path), broker_expire=60.0) as c,
+        Producer(c.namesrv, send_timeout=3.0) as p,
+    ):
         victim = c.brokers[0]
         for i in range(50):
             p.send_delayed("hang", f"w{i}", delay=1.0)
@@ -67,7 +72,7 @@ def test_sigstop_one_broker_then_sigcont(tmp_path) -> None:
                 latencies.append(time.monotonic() - t0)
             assert max(latencies) < 1.5, max(latencies)
             first = next(i for i, t in enumerate(latencies) if t > 0.5)
-            after = sorted(latencies[first + 1:])
+            after = sorted(latencies[first + 1 :])
             p99 = after[int(0.99 * (len(after) - 1))]
             assert p99 < 0.5, p99
             fault = next(f for f in p.fault_items() if f.name == victim.name)
@@ -79,19 +84,24 @@ def test_sigstop_one_broker_then_sigcont(tmp_path) -> None:
         def back_in_use() -> bool:
             p.send_delayed("hang", b"after", delay=1.0)
             f = next(f for f in p.fault_items() if f.name == victim.name)
-            return f.reachable and f.available and bool(
-                p.stats()["brokers"][victim.name]["requests"])
+            return (
+                f.reachable and f.available and bool(p.stats()["brokers"][victim.name]["requests"])
+            )
 
         wait_until(back_in_use, 30, "the resumed broker to be reachable again")
         before = _requests(p, victim.name)
-        wait_until(lambda: p.send_delayed("hang", b"x", delay=1.0) and
-                   _requests(p, victim.name) > before, 30 - (time.monotonic() - resumed),
-                   "traffic to the resumed broker")
+        wait_until(
+            lambda: p.send_delayed("hang", b"x", delay=1.0) and _requests(p, victim.name) > before,
+            30 - (time.monotonic() - resumed),
+            "traffic to the resumed broker",
+        )
 
 
 def test_name_server_down_sends_go_on_with_last_good_route(tmp_path) -> None:
-    with LocalCluster(2, data_dir=str(tmp_path)) as c, Producer(
-            c.namesrv, route_refresh_interval=0.5, namesrv_timeout=0.5) as p:
+    with (
+        LocalCluster(2, data_dir=str(tmp_path)) as c,
+        Producer(c.namesrv, route_refresh_interval=0.5, namesrv_timeout=0.5) as p,
+    ):
         p.send_delayed("nsdown", b"first", delay=1.0)
         c.namesrv_node.stop()
         deadline = time.monotonic() + 3.0  # several refresh intervals without a name server

@@ -24,20 +24,22 @@ NS2 = "127.0.0.1:19877"
 BROKERS = {"broker-a": "127.0.0.1:10911", "broker-b": "127.0.0.1:10912"}
 
 
-def route(topic: str = "t", brokers: dict[str, str] | None = None, queues: int = 4,
-          perm: int = 6) -> TopicRoute:
+def route(
+    topic: str = "t", brokers: dict[str, str] | None = None, queues: int = 4, perm: int = 6
+) -> TopicRoute:
     brokers = BROKERS if brokers is None else brokers
     return TopicRoute(
         topic=topic,
-        queue_datas=[QueueData(broker_name=n, read_queue_nums=queues, write_queue_nums=queues,
-                               perm=perm) for n in brokers],
+        queue_datas=[
+            QueueData(broker_name=n, read_queue_nums=queues, write_queue_nums=queues, perm=perm)
+            for n in brokers
+        ],
         broker_datas=[BrokerData(broker_name=n, addrs={0: a}) for n, a in brokers.items()],
     )
 
 
 def msgpack_response(obj: object, status: int = 200) -> httpx.Response:
-    return httpx.Response(status, content=encode(obj, MSGPACK),
-                          headers={"content-type": MSGPACK})
+    return httpx.Response(status, content=encode(obj, MSGPACK), headers={"content-type": MSGPACK})
 
 
 def error_response(status: int, code: str, message: str = "x") -> httpx.Response:
@@ -49,9 +51,20 @@ def ok_send(broker: str):
 
     def handler(request: httpx.Request) -> httpx.Response:
         req = decode(request.content, SendRequest, MSGPACK)
-        return msgpack_response(SendResponse(broker_name=broker, results=[
-            MessageResult(msg_id=m.msg_id, status="SEND_OK", queue_id=m.queue_id,
-                          deliver_at_ms=m.deliver_at_ms or 1) for m in req.messages]))
+        return msgpack_response(
+            SendResponse(
+                broker_name=broker,
+                results=[
+                    MessageResult(
+                        msg_id=m.msg_id,
+                        status="SEND_OK",
+                        queue_id=m.queue_id,
+                        deliver_at_ms=m.deliver_at_ms or 1,
+                    )
+                    for m in req.messages
+                ],
+            )
+        )
 
     return handler
 

@@ -87,17 +87,36 @@ class FakeBroker:
                 if mode == "hang":
                     broker.release.wait(30)
                 if mode == "busy":
-                    self._reply(503, encode(ErrorResponse(
-                        error=ErrorBody(code="BROKER_BUSY", message="busy")), MSGPACK))
+                    self._reply(
+                        503,
+                        encode(
+                            ErrorResponse(error=ErrorBody(code="BROKER_BUSY", message="busy")),
+                            MSGPACK,
+                        ),
+                    )
                     return
                 with broker.lock:
                     broker.messages.extend(req.messages)
-                self._reply(200, encode(SendResponse(broker_name=broker.name, results=[
-                    MessageResult(msg_id=m.msg_id, queue_id=m.queue_id,
-                                  status="INVALID_MESSAGE" if m.msg_id in broker.reject_ids
-                                  else "SEND_OK",
-                                  deliver_at_ms=int(time.time() * 1000) + (m.delay_ms or 0))
-                    for m in req.messages]), MSGPACK))
+                self._reply(
+                    200,
+                    encode(
+                        SendResponse(
+                            broker_name=broker.name,
+                            results=[
+                                MessageResult(
+                                    msg_id=m.msg_id,
+                                    queue_id=m.queue_id,
+                                    status="INVALID_MESSAGE"
+                                    if m.msg_id in broker.reject_ids
+                                    else "SEND_OK",
+                                    deliver_at_ms=int(time.time() * 1000) + (m.delay_ms or 0),
+                                )
+                                for m in req.messages
+                            ],
+                        ),
+                        MSGPACK,
+                    ),
+                )
 
         return H
 
@@ -115,9 +134,14 @@ class FakeNameServer:
     def __init__(self, brokers: list[FakeBroker], queues: int = 4) -> None:
         self.route = TopicRoute(
             topic="t",
-            queue_datas=[QueueData(broker_name=b.name, read_queue_nums=queues,
-                                   write_queue_nums=queues, perm=6) for b in brokers],
-            broker_datas=[BrokerData(broker_name=b.name, addrs={0: b.addr}) for b in brokers])
+            queue_datas=[
+                QueueData(
+                    broker_name=b.name, read_queue_nums=queues, write_queue_nums=queues, perm=6
+                )
+                for b in brokers
+            ],
+            broker_datas=[BrokerData(broker_name=b.name, addrs={0: b.addr}) for b in brokers],
+        )
         self.calls = 0
         ns = self
 

@@ -50,8 +50,10 @@ def test_send_future_shared_condition_semantics() -> None:
 
 
 def test_send_async_batches_per_broker_and_flush() -> None:
-    with fake_cluster() as (ns, brokers), Producer(ns.addr, linger_ms=20,
-                                                   batch_max_messages=100) as p:
+    with (
+        fake_cluster() as (ns, brokers),
+        Producer(ns.addr, linger_ms=20, batch_max_messages=100) as p,
+    ):
         futures = [p.send_async(Message("t", f"m{i}", delay=1)) for i in range(1000)]
         p.flush(timeout=20)
         assert all(f.done() and f.exception() is None for f in futures)
@@ -61,15 +63,20 @@ def test_send_async_batches_per_broker_and_flush() -> None:
 
 
 def test_send_async_validation_raises_at_once() -> None:
-    with fake_cluster() as (ns, _), Producer(ns.addr) as p, \
-            pytest.raises(InvalidMessageError):
+    with fake_cluster() as (ns, _), Producer(ns.addr) as p, pytest.raises(InvalidMessageError):
         p.send_async(Message("t", b"x", delay=-1))
 
 
 def test_buffer_full_blocks_or_raises() -> None:
     with fake_cluster(1) as (ns, (broker,)):
-        p = Producer(ns.addr, send_timeout=0.5, max_buffered_messages=50, linger_ms=1,
-                     batch_max_messages=10, start_detector_enable=False)
+        p = Producer(
+            ns.addr,
+            send_timeout=0.5,
+            max_buffered_messages=50,
+            linger_ms=1,
+            batch_max_messages=10,
+            start_detector_enable=False,
+        )
         try:
             p.send("t", b"warm")
             broker.mode = "hang"
@@ -111,14 +118,18 @@ def test_close_fails_what_it_cannot_send() -> None:
 def test_async_producer_coalesces_concurrent_sends() -> None:
     async def main(addr: str) -> list[str]:
         async with AsyncProducer(addr) as ap:
-            results = await asyncio.gather(*(ap.send_delayed("t", f"g{i}", delay=1)
-                                             for i in range(500)))
+            results = await asyncio.gather(
+                *(ap.send_delayed("t", f"g{i}", delay=1) for i in range(500))
+            )
             batch = await ap.send_batch([Message("t", f"b{i}") for i in range(300)])
             with pytest.raises(BatchSendError) as ei:
-                await ap.send_batch([Message("t", b"x", msg_id="fail-me"),
-                                     Message("t", b"y", msg_id="fine")])
+                await ap.send_batch(
+                    [Message("t", b"x", msg_id="fail-me"), Message("t", b"y", msg_id="fine")]
+                )
             assert [type(r).__name__ for r in ei.value.results] == [
-                "InvalidMessageError", "SendResult"]
+                "InvalidMessageError",
+                "SendResult",
+            ]
             return [r.msg_id for r in results + batch]
 
     with fake_cluster() as (ns, brokers):
@@ -145,15 +156,15 @@ def test_accumulator_bound_linger_and_flush_force() -> None:
 
     from .conftest import route
 
-    cfg = ProducerConfig.create("h:1", max_buffered_messages=3, batch_max_messages=2,
-                                linger_ms=500)
+    cfg = ProducerConfig.create("h:1", max_buffered_messages=3, batch_max_messages=2, linger_ms=500)
     info = TopicPublishInfo.from_route("t", route(), index=ThreadLocalIndex())
     wakes: list[int] = []
     acc = MessageAccumulator(cfg, lambda: wakes.append(1))
 
     def add() -> None:
-        acc.append(Item(0, to_wire(cfg, "t", b"x"), info, info.queues[0]), Future(),
-                   "broker-a", 0.1)
+        acc.append(
+            Item(0, to_wire(cfg, "t", b"x"), info, info.queues[0]), Future(), "broker-a", 0.1
+        )
 
     add()
     add()  # full batch of 2: ready

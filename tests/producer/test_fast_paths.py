@@ -59,15 +59,18 @@ CFG = ProducerConfig.create("127.0.0.1:1", max_delay=timedelta(days=1))
 NOW = time.time()
 
 
-@pytest.mark.parametrize("message", [
-    Message("t", b"x" * 100, delay=60),
-    Message("t", b"x", delay=1.5, key="k", tags="a"),
-    Message("t", b"x", deliver_at=NOW + 60, msg_id="id-1"),
-    Message("t", b"x"),
-    Message("t", "text", delay=60),
-    Message("t", b"x", properties={"a": "b"}, delay=0),
-    Message("t", b"x" * 5000, delay=60),  # compressed: slow path
-])
+@pytest.mark.parametrize(
+    "message",
+    [
+        Message("t", b"x" * 100, delay=60),
+        Message("t", b"x", delay=1.5, key="k", tags="a"),
+        Message("t", b"x", deliver_at=NOW + 60, msg_id="id-1"),
+        Message("t", b"x"),
+        Message("t", "text", delay=60),
+        Message("t", b"x", properties={"a": "b"}, delay=0),
+        Message("t", b"x" * 5000, delay=60),  # compressed: slow path
+    ],
+)
 def test_wire_builder_same_wire_as_message_to_wire(message: Message) -> None:
     b = WireBuilder(CFG)
     for _ in range(2):  # the second time the topic is known: the fast path
@@ -78,19 +81,22 @@ def test_wire_builder_same_wire_as_message_to_wire(message: Message) -> None:
         assert fast == slow
 
 
-@pytest.mark.parametrize("message", [
-    Message("t", b"x", delay=-1),
-    Message("t", b"x", delay=float("nan")),
-    Message("t", b"x", delay=86400 + 1),
-    Message("t", b"x", delay=True),  # type: ignore[arg-type]
-    Message("t", b"x", deliver_at=NOW + 2 * 86400),
-    Message("t", b"x", deliver_at=float("nan")),
-    Message("t", b"x", delay=1, deliver_at=NOW),
-    Message("t", b"x", msg_id=""),
-    Message("t", b"x", key=5),  # type: ignore[arg-type]
-    Message("bad topic", b"x"),
-    Message("t", 5),  # type: ignore[arg-type]
-])
+@pytest.mark.parametrize(
+    "message",
+    [
+        Message("t", b"x", delay=-1),
+        Message("t", b"x", delay=float("nan")),
+        Message("t", b"x", delay=86400 + 1),
+        Message("t", b"x", delay=True),  # type: ignore[arg-type]
+        Message("t", b"x", deliver_at=NOW + 2 * 86400),
+        Message("t", b"x", deliver_at=float("nan")),
+        Message("t", b"x", delay=1, deliver_at=NOW),
+        Message("t", b"x", msg_id=""),
+        Message("t", b"x", key=5),  # type: ignore[arg-type]
+        Message("bad topic", b"x"),
+        Message("t", 5),  # type: ignore[arg-type]
+    ],
+)
 def test_wire_builder_same_errors(message: Message) -> None:
     b = WireBuilder(CFG)
     b.message(Message("t", b"x"))  # "t" is a known topic now
@@ -118,8 +124,11 @@ def test_settle_many_is_set_result_and_set_exception() -> None:
     assert futs[3].cancel()
     plain: Future[Any] = Future()  # not on the shared condition: settled the public way
     err = QClientError("boom")
-    waiter = threading.Thread(target=lambda: seen.append(
-        len(wait([futs[1]], timeout=5, return_when=FIRST_COMPLETED).done)))
+    waiter = threading.Thread(
+        target=lambda: seen.append(
+            len(wait([futs[1]], timeout=5, return_when=FIRST_COMPLETED).done)
+        )
+    )
     waiter.start()
     settle_many(cond, [*futs, plain], ["a", err, "c", "d", "e"])
     waiter.join(5)
@@ -134,8 +143,9 @@ def test_settle_many_is_set_result_and_set_exception() -> None:
     assert all(f.done() for f in futs)
 
 
-def _reference_select_for_id(s: MQFaultStrategy, info: TopicPublishInfo, msg_id: str,
-                             last_broker: str | None = None) -> Any:
+def _reference_select_for_id(
+    s: MQFaultStrategy, info: TopicPublishInfo, msg_id: str, last_broker: str | None = None
+) -> Any:
     """select_for_id as first written (one broker set, sort and list per call)."""
     import hashlib
 
@@ -159,8 +169,9 @@ def _reference_select_for_id(s: MQFaultStrategy, info: TopicPublishInfo, msg_id:
 def test_select_for_id_and_ids_unchanged(unreachable: bool) -> None:
     s = MQFaultStrategy()
     brokers = {f"broker-{c}": f"127.0.0.1:{10911 + i}" for i, c in enumerate("abc")}
-    info = TopicPublishInfo.from_route("t", route("t", brokers=brokers, queues=3),
-                                       index=ThreadLocalIndex())
+    info = TopicPublishInfo.from_route(
+        "t", route("t", brokers=brokers, queues=3), index=ThreadLocalIndex()
+    )
     if unreachable:
         s.update_fault_item("broker-b", 100, False, False)
     ids = [f"j:job:{i}" for i in range(500)]
@@ -168,7 +179,9 @@ def test_select_for_id_and_ids_unchanged(unreachable: bool) -> None:
     assert s.select_for_ids(info, ids) == expected
     assert [s.select_for_id(info, i) for i in ids] == expected
     for last in ("broker-a", "broker-c"):
-        assert ([s.select_for_id(info, i, last) for i in ids[:100]]
-                == [_reference_select_for_id(s, info, i, last) for i in ids[:100]])
+        assert [s.select_for_id(info, i, last) for i in ids[:100]] == [
+            _reference_select_for_id(s, info, i, last) for i in ids[:100]
+        ]
     assert {q.broker_name for q in expected} == (
-        {"broker-a", "broker-c"} if unreachable else set(brokers))
+        {"broker-a", "broker-c"} if unreachable else set(brokers)
+    )

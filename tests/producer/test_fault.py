@@ -31,8 +31,11 @@ class Clock:
 
 def make(enable: bool = True, detector: bool = True) -> tuple[MQFaultStrategy, Clock]:
     clock = Clock()
-    s = MQFaultStrategy(send_latency_fault_enable=enable, start_detector_enable=detector,
-                        fault_tolerance=LatencyFaultTolerance(timer=clock))
+    s = MQFaultStrategy(
+        send_latency_fault_enable=enable,
+        start_detector_enable=detector,
+        fault_tolerance=LatencyFaultTolerance(timer=clock),
+    )
     return s, clock
 
 
@@ -40,11 +43,28 @@ def info(queues: int = 4) -> TopicPublishInfo:
     return TopicPublishInfo.from_route("t", route("t", queues=queues), index=ThreadLocalIndex())
 
 
-@pytest.mark.parametrize(("latency", "isolation_ms"), [
-    (0, 0), (49, 0), (50, 0), (99, 0), (100, 0), (549, 0), (550, 2000), (1799, 2000),
-    (1800, 5000), (2999, 5000), (3000, 6000), (4999, 6000), (5000, 10000), (10000, 10000),
-    (14999, 10000), (15000, 30000), (60000, 30000),
-])
+@pytest.mark.parametrize(
+    ("latency", "isolation_ms"),
+    [
+        (0, 0),
+        (49, 0),
+        (50, 0),
+        (99, 0),
+        (100, 0),
+        (549, 0),
+        (550, 2000),
+        (1799, 2000),
+        (1800, 5000),
+        (2999, 5000),
+        (3000, 6000),
+        (4999, 6000),
+        (5000, 10000),
+        (10000, 10000),
+        (14999, 10000),
+        (15000, 30000),
+        (60000, 30000),
+    ],
+)
 def test_latency_table(latency: int, isolation_ms: int) -> None:
     s, _ = make()
     assert s.compute_not_available_duration(latency) == isolation_ms
@@ -81,12 +101,15 @@ def test_selection_tiers() -> None:
     inf = info()
     # everything healthy: round robin over all 8 queues
     assert {s.select_one_message_queue(inf).broker_name for _ in range(8)} == {
-        "broker-a", "broker-b"}
+        "broker-a",
+        "broker-b",
+    }
     # tier 1: avoid the unavailable broker and the one that just failed
     s.update_fault_item("broker-a", 5, isolation=True, reachable=True)
     assert {s.select_one_message_queue(inf).broker_name for _ in range(20)} == {"broker-b"}
-    assert {s.select_one_message_queue(inf, "broker-b").broker_name
-            for _ in range(8)} == {"broker-a"}  # tier 2: a is isolated but reachable
+    assert {s.select_one_message_queue(inf, "broker-b").broker_name for _ in range(8)} == {
+        "broker-a"
+    }  # tier 2: a is isolated but reachable
     # tier 2 filters unreachable brokers
     s.update_fault_item("broker-a", 5, isolation=True, reachable=False)
     s.update_fault_item("broker-b", 5, isolation=True, reachable=True)
@@ -101,10 +124,10 @@ def test_selection_tiers() -> None:
 def test_selection_without_fault_tolerance_avoids_only_the_last_broker() -> None:
     s, _ = make(enable=False)
     inf = info()
-    assert {s.select_one_message_queue(inf, "broker-a").broker_name
-            for _ in range(20)} == {"broker-b"}
-    single = TopicPublishInfo.from_route("t", route("t", {"only": "h:1"}),
-                                         index=ThreadLocalIndex())
+    assert {s.select_one_message_queue(inf, "broker-a").broker_name for _ in range(20)} == {
+        "broker-b"
+    }
+    single = TopicPublishInfo.from_route("t", route("t", {"only": "h:1"}), index=ThreadLocalIndex())
     assert s.select_one_message_queue(single, "only").broker_name == "only"
 
 
@@ -209,8 +232,13 @@ def test_detector_toggle_at_runtime() -> None:
     s, _ = make(detector=False)
     s.update_fault_item("a", 5, isolation=True, reachable=False)
     probes: list[str] = []
-    d = Detector(s, {"a": "h:a"}.get, lambda addr, t: probes.append(addr) or True,
-                 interval=0.05, timeout=0.01)
+    d = Detector(
+        s,
+        {"a": "h:a"}.get,
+        lambda addr, t: probes.append(addr) or True,
+        interval=0.05,
+        timeout=0.01,
+    )
     assert d.run_once() == 0 and probes == []
     s.start_detector_enable = True
     assert d.run_once() == 1 and probes == ["h:a"]

@@ -40,7 +40,8 @@ def test_failover_to_second_and_stick_to_it() -> None:
 def test_unknown_topic_names_topic_and_servers() -> None:
     for ns in (NS1, NS2):
         respx.get(f"http://{ns}/v1/routes/nope").mock(
-            return_value=error_response(404, "TOPIC_NOT_FOUND", "no such topic"))
+            return_value=error_response(404, "TOPIC_NOT_FOUND", "no such topic")
+        )
     with NameServerClient([NS1, NS2]) as ns, pytest.raises(RouteNotFoundError) as ei:
         ns.get_route("nope")
     assert ei.value.topic == "nope"
@@ -59,12 +60,16 @@ def test_all_down_is_unavailable() -> None:
 
 @respx.mock
 def test_list_brokers_and_json_answers() -> None:
-    body = BrokerList(brokers=[BrokerInfo(broker_name="b", addr="h:1", cluster="c", perm=6,
-                                          last_heartbeat_ms=1)])
+    body = BrokerList(
+        brokers=[BrokerInfo(broker_name="b", addr="h:1", cluster="c", perm=6, last_heartbeat_ms=1)]
+    )
     import msgspec
 
-    respx.get(f"http://{NS1}/v1/brokers").mock(return_value=httpx.Response(
-        200, content=msgspec.json.encode(body), headers={"content-type": "application/json"}))
+    respx.get(f"http://{NS1}/v1/brokers").mock(
+        return_value=httpx.Response(
+            200, content=msgspec.json.encode(body), headers={"content-type": "application/json"}
+        )
+    )
     with NameServerClient(NS1) as ns:
         assert ns.list_brokers().brokers[0].broker_name == "b"
 

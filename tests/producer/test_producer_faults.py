@@ -10,8 +10,10 @@ from .fakes import fake_cluster, wait_until
 
 
 def test_hung_broker_costs_one_attempt_share_and_is_avoided() -> None:
-    with fake_cluster() as (ns, (a, _b)), Producer(ns.addr, send_timeout=3.0,
-                                                  detect_interval=0.2) as p:
+    with (
+        fake_cluster() as (ns, (a, _b)),
+        Producer(ns.addr, send_timeout=3.0, detect_interval=0.2) as p,
+    ):
         p.send("t", b"warm")
         a.mode = "hang"  # accepts, reads, never answers (as under SIGSTOP)
         worst = 0.0
@@ -31,16 +33,17 @@ def test_hung_broker_costs_one_attempt_share_and_is_avoided() -> None:
         # the broker comes back: the detector ends the isolation, traffic returns
         a.mode = "ok"
         a.release.set()
-        assert wait_until(lambda: all(f.available and f.reachable for f in p.fault_items()),
-                          5.0)
+        assert wait_until(lambda: all(f.available and f.reachable for f in p.fault_items()), 5.0)
         a.release.clear()
         names = {p.send("t", b"z").broker_name for _ in range(16)}
         assert names == {"broker-a", "broker-b"}
 
 
 def test_fault_tolerance_off_pays_every_time() -> None:
-    with fake_cluster() as (ns, (a, _b)), Producer(ns.addr, send_timeout=0.6, retry_times=1,
-                                                  send_latency_fault_enable=False) as p:
+    with (
+        fake_cluster() as (ns, (a, _b)),
+        Producer(ns.addr, send_timeout=0.6, retry_times=1, send_latency_fault_enable=False) as p,
+    ):
         p.send("t", b"warm")
         a.mode = "hang"
         hits = 0
@@ -64,8 +67,10 @@ def test_fault_tolerance_off_pays_every_time() -> None:
 
 
 def test_send_failure_refreshes_route_at_once() -> None:
-    with fake_cluster() as (ns, (a, _b)), Producer(ns.addr, route_refresh_interval=30.0,
-                                                   start_detector_enable=False) as p:
+    with (
+        fake_cluster() as (ns, (a, _b)),
+        Producer(ns.addr, route_refresh_interval=30.0, start_detector_enable=False) as p,
+    ):
         p.send("t", b"warm")
         calls = ns.calls
         a.mode = "busy"  # 503 BROKER_BUSY: a retryable broker error

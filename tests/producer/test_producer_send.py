@@ -38,11 +38,13 @@ def mock() -> Iterator[respx.MockRouter]:
     with respx.mock(assert_all_called=False) as m:
         m.get(f"http://{NS1}/v1/routes/t").mock(return_value=msgpack_response(route()))
         m.get(f"http://{NS1}/v1/routes/nope").mock(
-            return_value=error_response(404, "TOPIC_NOT_FOUND"))
+            return_value=error_response(404, "TOPIC_NOT_FOUND")
+        )
         for name, addr in BROKERS.items():
             m.post(f"http://{addr}/v1/send", name=f"send-{name}").mock(side_effect=ok_send(name))
             m.get(f"http://{addr}/health", name=f"health-{name}").mock(
-                return_value=httpx.Response(200))
+                return_value=httpx.Response(200)
+            )
         yield m
 
 
@@ -115,9 +117,15 @@ def test_per_message_retryable_status_retried_with_same_id(mock: respx.MockRoute
     def store_error(request: httpx.Request) -> httpx.Response:
         req = decode(request.content, SendRequest, MSGPACK)
         seen.extend(m.msg_id for m in req.messages)
-        return msgpack_response(SendResponse(broker_name="broker-a", results=[
-            MessageResult(msg_id=m.msg_id, status="STORE_ERROR", error="disk") for m in
-            req.messages]))
+        return msgpack_response(
+            SendResponse(
+                broker_name="broker-a",
+                results=[
+                    MessageResult(msg_id=m.msg_id, status="STORE_ERROR", error="disk")
+                    for m in req.messages
+                ],
+            )
+        )
 
     mock.routes["send-broker-a"].mock(side_effect=store_error)
     ok_b = ok_send("broker-b")
@@ -131,20 +139,27 @@ def test_per_message_retryable_status_retried_with_same_id(mock: respx.MockRoute
         info = p._info("t")
         seen.clear()
         # an id the caller chose goes to its own broker: take one that lives on broker-a
-        fixed = next(f"fixed-{i}" for i in range(100)
-                     if p._core.select(info, msg_id=f"fixed-{i}").broker_name == "broker-a")
+        fixed = next(
+            f"fixed-{i}"
+            for i in range(100)
+            if p._core.select(info, msg_id=f"fixed-{i}").broker_name == "broker-a"
+        )
         r = p.send("t", b"x", msg_id=fixed)
     assert r.broker_name == "broker-b" and r.msg_id == fixed
     assert seen == [fixed, fixed]  # same id on both attempts: the broker dedupes
 
 
-@pytest.mark.parametrize(("status", "code", "exc"), [
-    (400, "INVALID_DELAY", InvalidMessageError),
-    (401, "UNAUTHORIZED", AuthError),
-    (403, "FORBIDDEN", AuthError),
-])
-def test_final_errors_not_retried_not_isolating(mock: respx.MockRouter, status: int, code: str,
-                                                exc: type[Exception]) -> None:
+@pytest.mark.parametrize(
+    ("status", "code", "exc"),
+    [
+        (400, "INVALID_DELAY", InvalidMessageError),
+        (401, "UNAUTHORIZED", AuthError),
+        (403, "FORBIDDEN", AuthError),
+    ],
+)
+def test_final_errors_not_retried_not_isolating(
+    mock: respx.MockRouter, status: int, code: str, exc: type[Exception]
+) -> None:
     mock.routes["send-broker-a"].mock(return_value=error_response(status, code, "nope"))
     mock.routes["send-broker-b"].mock(return_value=error_response(status, code, "nope"))
     with producer() as p, pytest.raises(exc) as ei:
@@ -195,8 +210,10 @@ def test_no_name_server_at_all() -> None:
     with respx.mock(assert_all_called=False) as m:
         m.get(f"http://{NS1}/v1/routes/t").mock(side_effect=httpx.ConnectError("down"))
         m.get(f"http://{NS2}/v1/routes/t").mock(side_effect=httpx.ConnectError("down"))
-        with Producer([NS1, NS2], start_detector_enable=False) as p, \
-                pytest.raises(NameServerUnavailableError):
+        with (
+            Producer([NS1, NS2], start_detector_enable=False) as p,
+            pytest.raises(NameServerUnavailableError),
+        ):
             p.send("t", b"x")
 
 
@@ -221,13 +238,24 @@ def test_batch_in_order_and_partial_failure(mock: respx.MockRouter) -> None:
         results = p.send_batch(msgs)
         assert [r.msg_id for r in results] == [f"id{i}" for i in range(400)]
         assert mock.routes["send-broker-a"].call_count == 4  # 200 per broker / 50 per chunk
+
         # one broker answers INVALID_MESSAGE for odd ids: those fail, the rest go through
         def picky(request: httpx.Request) -> httpx.Response:
             req = decode(request.content, SendRequest, MSGPACK)
-            return msgpack_response(SendResponse(broker_name="broker-a", results=[
-                MessageResult(msg_id=m.msg_id,
-                              status="INVALID_MESSAGE" if int(m.msg_id[2:]) % 2 else "SEND_OK",
-                              queue_id=m.queue_id, error="odd") for m in req.messages]))
+            return msgpack_response(
+                SendResponse(
+                    broker_name="broker-a",
+                    results=[
+                        MessageResult(
+                            msg_id=m.msg_id,
+                            status="INVALID_MESSAGE" if int(m.msg_id[2:]) % 2 else "SEND_OK",
+                            queue_id=m.queue_id,
+                            error="odd",
+                        )
+                        for m in req.messages
+                    ],
+                )
+            )
 
         mock.routes["send-broker-a"].mock(side_effect=picky)
         with pytest.raises(BatchSendError) as ei:
@@ -239,10 +267,12 @@ def test_batch_in_order_and_partial_failure(mock: respx.MockRouter) -> None:
 
 
 def test_cancel(mock: respx.MockRouter) -> None:
-    mock.post(f"http://{A}/v1/cancel").mock(return_value=msgpack_response(
-        CancelResponse(cancelled=True)))
-    mock.post(f"http://{B}/v1/cancel").mock(return_value=msgpack_response(
-        CancelResponse(cancelled=False, reason="already_fired")))
+    mock.post(f"http://{A}/v1/cancel").mock(
+        return_value=msgpack_response(CancelResponse(cancelled=True))
+    )
+    mock.post(f"http://{B}/v1/cancel").mock(
+        return_value=msgpack_response(CancelResponse(cancelled=False, reason="already_fired"))
+    )
     with producer() as p:
         p._info("t")
         by = {}

@@ -22,21 +22,30 @@ class Clock:
 
 
 def test_publish_info_writable_masters_sorted() -> None:
-    r = TopicRoute(topic="t", queue_datas=[
-        QueueData(broker_name="c", read_queue_nums=2, write_queue_nums=2, perm=6),
-        QueueData(broker_name="a", read_queue_nums=3, write_queue_nums=3, perm=6),
-        QueueData(broker_name="ro", read_queue_nums=4, write_queue_nums=4, perm=4),
-        QueueData(broker_name="slave-only", read_queue_nums=4, write_queue_nums=4, perm=6),
-        QueueData(broker_name="gone", read_queue_nums=4, write_queue_nums=4, perm=6),
-    ], broker_datas=[
-        BrokerData(broker_name="a", addrs={0: "h:1"}),
-        BrokerData(broker_name="c", addrs={0: "h:3", 1: "h:4"}),
-        BrokerData(broker_name="ro", addrs={0: "h:5"}),
-        BrokerData(broker_name="slave-only", addrs={1: "h:6"}),
-    ])
+    r = TopicRoute(
+        topic="t",
+        queue_datas=[
+            QueueData(broker_name="c", read_queue_nums=2, write_queue_nums=2, perm=6),
+            QueueData(broker_name="a", read_queue_nums=3, write_queue_nums=3, perm=6),
+            QueueData(broker_name="ro", read_queue_nums=4, write_queue_nums=4, perm=4),
+            QueueData(broker_name="slave-only", read_queue_nums=4, write_queue_nums=4, perm=6),
+            QueueData(broker_name="gone", read_queue_nums=4, write_queue_nums=4, perm=6),
+        ],
+        broker_datas=[
+            BrokerData(broker_name="a", addrs={0: "h:1"}),
+            BrokerData(broker_name="c", addrs={0: "h:3", 1: "h:4"}),
+            BrokerData(broker_name="ro", addrs={0: "h:5"}),
+            BrokerData(broker_name="slave-only", addrs={1: "h:6"}),
+        ],
+    )
     info = TopicPublishInfo.from_route("t", r)
     assert [(q.broker_name, q.queue_id) for q in info.queues] == [
-        ("a", 0), ("a", 1), ("a", 2), ("c", 0), ("c", 1)]
+        ("a", 0),
+        ("a", 1),
+        ("a", 2),
+        ("c", 0),
+        ("c", 1),
+    ]
     assert info.broker_addrs == {"a": "h:1", "c": "h:3"}
 
 
@@ -63,9 +72,12 @@ def test_ttl_expiry_and_last_good() -> None:
 
 
 def test_refresh_on_timer_and_last_good_when_name_server_down() -> None:
-    with fake_cluster() as (ns, _brokers), Producer(
-            ns.addr, route_refresh_interval=0.2, start_detector_enable=False,
-            namesrv_timeout=0.3) as p:
+    with (
+        fake_cluster() as (ns, _brokers),
+        Producer(
+            ns.addr, route_refresh_interval=0.2, start_detector_enable=False, namesrv_timeout=0.3
+        ) as p,
+    ):
         p.send("t", b"x")
         assert ns.calls == 1
         assert wait_until(lambda: ns.calls >= 3, 5.0)  # refreshed in the background

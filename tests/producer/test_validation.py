@@ -54,7 +54,8 @@ def test_deliver_at() -> None:
     at = datetime.now(UTC) + timedelta(hours=1)
     assert to_wire(CFG, "t", b"", deliver_at=at).deliver_at_ms == round(at.timestamp() * 1000)
     assert to_wire(CFG, "t", b"", deliver_at=at.timestamp()).deliver_at_ms == round(
-        at.timestamp() * 1000)
+        at.timestamp() * 1000
+    )
     with pytest.raises(InvalidMessageError, match="aware"):
         to_wire(CFG, "t", b"", deliver_at=datetime.now())
     with pytest.raises(InvalidMessageError, match="maximum delay"):

@@ -46,9 +46,16 @@ def url(addr: str, path: str) -> str:
     return wire.base_url(addr) + path
 
 
-def signed_headers(method: str, path: str, body: bytes = b"", *, key: str = OTHER_KEY,
-                   secret: str = OTHER_SECRET, now_ms: int | None = None,
-                   content_type: str | None = wire.JSON) -> dict[str, str]:
+def signed_headers(
+    method: str,
+    path: str,
+    body: bytes = b"",
+    *,
+    key: str = OTHER_KEY,
+    secret: str = OTHER_SECRET,
+    now_ms: int | None = None,
+    content_type: str | None = wire.JSON,
+) -> dict[str, str]:
     headers = auth.sign_headers(key, secret, method, path, body, now_ms=now_ms)
     if content_type:
         headers["Content-Type"] = content_type
@@ -57,9 +64,13 @@ def signed_headers(method: str, path: str, body: bytes = b"", *, key: str = OTHE
 
 def broker_stats(addr: str, **tls: Any) -> dict[str, Any]:
     """``GET /v1/stats`` of a broker, signed (stats need a signature when auth is on)."""
-    r = httpx.get(url(addr, wire.BROKER_STATS),
-                  headers=signed_headers("GET", wire.BROKER_STATS, content_type=None),
-                  timeout=5.0, trust_env=False, **tls)
+    r = httpx.get(
+        url(addr, wire.BROKER_STATS),
+        headers=signed_headers("GET", wire.BROKER_STATS, content_type=None),
+        timeout=5.0,
+        trust_env=False,
+        **tls,
+    )
     r.raise_for_status()
     data: dict[str, Any] = r.json()
     return data
@@ -74,21 +85,31 @@ def send_body(topic: str, msg_id: str, body: bytes = b"x", **extra: Any) -> byte
     return wire.encode(wire.SendRequest([msg]))
 
 
-def drain_signed(namesrv: str, topic: str, group: str, want: set[str], timeout: float, *,
-                 access_key: str, secret_key: str, verify: bool | str = True
-                 ) -> list[ReceivedMessage]:
+def drain_signed(
+    namesrv: str,
+    topic: str,
+    group: str,
+    want: set[str],
+    timeout: float,
+    *,
+    access_key: str,
+    secret_key: str,
+    verify: bool | str = True,
+) -> list[ReceivedMessage]:
     """Consume with credentials until every id of ``want`` arrived, or ``timeout``."""
     got: list[ReceivedMessage] = []
     deadline = time.monotonic() + timeout
-    with Consumer(namesrv, topic, group, access_key=access_key, secret_key=secret_key,
-                  verify=verify) as consumer:
+    with Consumer(
+        namesrv, topic, group, access_key=access_key, secret_key=secret_key, verify=verify
+    ) as consumer:
         while not want <= {m.msg_id for m in got} and time.monotonic() < deadline:
             got.extend(consumer.poll(max_messages=256, timeout=0.5))
     return got
 
 
-def wait_until(cond: Callable[[], T | None], timeout: float, what: str,
-               interval: float = 0.05) -> T:
+def wait_until(
+    cond: Callable[[], T | None], timeout: float, what: str, interval: float = 0.05
+) -> T:
     """Poll ``cond`` until it returns a truthy value; fail the test after ``timeout`` s
     (as tests/integration/helpers.py, which this package cannot import)."""
     deadline = time.monotonic() + timeout

@@ -53,8 +53,9 @@ def auth_file(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.fixture(scope="module")
 def cluster(auth_file: str, tmp_path_factory: pytest.TempPathFactory):
-    with LocalCluster(brokers=1, data_dir=str(tmp_path_factory.mktemp("cluster")),
-                      auth_file=auth_file) as c:
+    with LocalCluster(
+        brokers=1, data_dir=str(tmp_path_factory.mktemp("cluster")), auth_file=auth_file
+    ) as c:
         # Routes exist only for topics a broker has: create them with the ops account.
         with Producer(c.namesrv, **OPS, start_detector_enable=False) as p:
             for topic in ("orders", "bill_march", "secret_topic"):
@@ -68,8 +69,7 @@ def broker_addr(cluster: LocalCluster) -> str:
 
 
 def _post(addr: str, path: str, body: bytes, headers: dict[str, str]) -> httpx.Response:
-    return httpx.post(url(addr, path), content=body, headers=headers, timeout=5.0,
-                      trust_env=False)
+    return httpx.post(url(addr, path), content=body, headers=headers, timeout=5.0, trust_env=False)
 
 
 def _error(resp: httpx.Response) -> tuple[str, str]:
@@ -81,11 +81,14 @@ def _error(resp: httpx.Response) -> tuple[str, str]:
 # --- refused -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("creds, reason", [
-    ({}, "missing signature"),
-    ({"access_key": APP_KEY, "secret_key": WRONG_SECRET}, "bad signature"),
-    ({"access_key": "nobody", "secret_key": APP_SECRET}, "unknown access key"),
-])
+@pytest.mark.parametrize(
+    "creds, reason",
+    [
+        ({}, "missing signature"),
+        ({"access_key": APP_KEY, "secret_key": WRONG_SECRET}, "bad signature"),
+        ({"access_key": "nobody", "secret_key": APP_SECRET}, "unknown access key"),
+    ],
+)
 def test_producer_without_valid_credentials_is_refused(cluster, broker_addr, creds, reason):
     before = appended(broker_addr)
     with Producer(cluster.namesrv, **creds, **FAST) as p:
@@ -112,8 +115,7 @@ def test_out_of_scope_topic_is_forbidden(cluster, broker_addr):
         # One forbidden topic in a request refuses the whole request.
         with pytest.raises(BatchSendError) as batch:
             p.send_batch([Message("orders", b"ok"), Message("secret_topic", b"nope")])
-        assert batch.value.failed and all(isinstance(e, AuthError)
-                                          for _, e in batch.value.failed)
+        assert batch.value.failed and all(isinstance(e, AuthError) for _, e in batch.value.failed)
         assert p.stats()["retried"] == 0
     assert appended(broker_addr) == before
 
@@ -122,8 +124,9 @@ def test_expired_and_future_timestamps_are_refused(broker_addr):
     before = appended(broker_addr)
     for offset_ms in (-10 * 60_000, +10 * 60_000):
         body = send_body("orders", f"old-{offset_ms}")
-        headers = signed_headers("POST", wire.BROKER_SEND, body,
-                                 now_ms=int(time.time() * 1000) + offset_ms)
+        headers = signed_headers(
+            "POST", wire.BROKER_SEND, body, now_ms=int(time.time() * 1000) + offset_ms
+        )
         resp = _post(broker_addr, wire.BROKER_SEND, body, headers)
         assert resp.status_code == 401
         code, message = _error(resp)
@@ -139,8 +142,10 @@ def test_replayed_request_is_refused(broker_addr):
     assert first.status_code == 200, first.text
     again = _post(broker_addr, wire.BROKER_SEND, body, headers)
     assert again.status_code == 401
-    assert _error(again) == ("UNAUTHORIZED",
-                             "replayed nonce: this signed request was already received")
+    assert _error(again) == (
+        "UNAUTHORIZED",
+        "replayed nonce: this signed request was already received",
+    )
     assert appended(broker_addr) == before + 1
 
 
@@ -165,15 +170,39 @@ def test_tampered_request_is_refused(broker_addr, tamper):
     assert appended(broker_addr) == before
 
 
-@pytest.mark.parametrize("headers, reason", [
-    ({"X-QC-Access-Key": OTHER_KEY}, "missing signature"),
-    ({"X-QC-Access-Key": OTHER_KEY, "X-QC-Timestamp": "yesterday", "X-QC-Nonce": "n" * 16,
-      "X-QC-Signature": "00"}, "malformed timestamp"),
-    ({"X-QC-Access-Key": OTHER_KEY, "X-QC-Timestamp": "1", "X-QC-Nonce": "short",
-      "X-QC-Signature": "00"}, "expired timestamp"),
-    ({"X-QC-Access-Key": OTHER_SECRET, "X-QC-Timestamp": "1", "X-QC-Nonce": "n" * 16,
-      "X-QC-Signature": "00"}, "unknown access key '(not shown)'"),
-])
+@pytest.mark.parametrize(
+    "headers, reason",
+    [
+        ({"X-QC-Access-Key": OTHER_KEY}, "missing signature"),
+        (
+            {
+                "X-QC-Access-Key": OTHER_KEY,
+                "X-QC-Timestamp": "yesterday",
+                "X-QC-Nonce": "n" * 16,
+                "X-QC-Signature": "00",
+            },
+            "malformed timestamp",
+        ),
+        (
+            {
+                "X-QC-Access-Key": OTHER_KEY,
+                "X-QC-Timestamp": "1",
+                "X-QC-Nonce": "short",
+                "X-QC-Signature": "00",
+            },
+            "expired timestamp",
+        ),
+        (
+            {
+                "X-QC-Access-Key": OTHER_SECRET,
+                "X-QC-Timestamp": "1",
+                "X-QC-Nonce": "n" * 16,
+                "X-QC-Signature": "00",
+            },
+            "unknown access key '(not shown)'",
+        ),
+    ],
+)
 def test_malformed_signature_headers(broker_addr, headers, reason):
     body = send_body("orders", "malformed")
     resp = _post(broker_addr, wire.BROKER_SEND, body, {"Content-Type": wire.JSON, **headers})
@@ -185,8 +214,7 @@ def test_reads_need_a_signature_but_health_is_open(broker_addr):
     for path in (wire.BROKER_TOPICS, wire.BROKER_STATS):
         assert httpx.get(url(broker_addr, path), trust_env=False).status_code == 401
         signed = signed_headers("GET", path, key=APP_KEY, secret=APP_SECRET, content_type=None)
-        assert httpx.get(url(broker_addr, path), headers=signed,
-                         trust_env=False).status_code == 200
+        assert httpx.get(url(broker_addr, path), headers=signed, trust_env=False).status_code == 200
     assert httpx.get(url(broker_addr, wire.HEALTH), trust_env=False).status_code == 200
 
 
@@ -201,15 +229,21 @@ def test_topic_create_and_pull_are_scoped(broker_addr):
         assert resp.status_code == 403, (path, resp.text)
         assert _error(resp)[0] == "FORBIDDEN"
     body = wire.encode(wire.CreateTopicRequest("bill_april"))
-    resp = _post(broker_addr, wire.BROKER_TOPICS, body,
-                 signed_headers("POST", wire.BROKER_TOPICS, body, key=APP_KEY, secret=APP_SECRET))
+    resp = _post(
+        broker_addr,
+        wire.BROKER_TOPICS,
+        body,
+        signed_headers("POST", wire.BROKER_TOPICS, body, key=APP_KEY, secret=APP_SECRET),
+    )
     assert resp.status_code == 200, resp.text
 
 
 def test_consumer_with_bad_credentials_raises_auth_error(cluster):
-    for creds, code in [({"access_key": APP_KEY, "secret_key": WRONG_SECRET}, "UNAUTHORIZED"),
-                        ({}, "UNAUTHORIZED"),
-                        (APP, "FORBIDDEN")]:
+    for creds, code in [
+        ({"access_key": APP_KEY, "secret_key": WRONG_SECRET}, "UNAUTHORIZED"),
+        ({}, "UNAUTHORIZED"),
+        (APP, "FORBIDDEN"),
+    ]:
         topic = "secret_topic" if code == "FORBIDDEN" else "orders"
         with Consumer(cluster.namesrv, topic, "g-bad", **creds) as consumer:
             started = time.monotonic()
@@ -227,8 +261,12 @@ def test_right_credentials_send_delay_batch_cancel_consume(cluster, broker_addr)
     with Producer(cluster.namesrv, **APP, start_detector_enable=False) as p:
         now = p.send("orders", b"now", msg_id="ok-now")
         later = p.send_delayed("orders", b"later", delay=0.3, msg_id="ok-later")
-        batch = p.send_batch([Message("orders", b"b1", msg_id="ok-b1"),
-                              Message("bill_march", b"b2", msg_id="ok-b2", delay=0.2)])
+        batch = p.send_batch(
+            [
+                Message("orders", b"b1", msg_id="ok-b1"),
+                Message("bill_march", b"b2", msg_id="ok-b2", delay=0.2),
+            ]
+        )
         doomed = p.send_delayed("orders", b"cancel me", delay=60, msg_id="ok-cancel")
         assert p.cancel(doomed) is True
         queued = p.send_async(Message("orders", b"async", msg_id="ok-async")).result(10)
@@ -250,8 +288,9 @@ def test_async_producer_signs_too(cluster):
             assert await p.cancel(r) in (True, False)  # may have fired already
             with pytest.raises(AuthError, match="topic not allowed"):
                 await p.send("secret_topic", b"nope")
-        async with AsyncProducer(cluster.namesrv, access_key=APP_KEY,
-                                 secret_key=WRONG_SECRET, **FAST) as p:
+        async with AsyncProducer(
+            cluster.namesrv, access_key=APP_KEY, secret_key=WRONG_SECRET, **FAST
+        ) as p:
             with pytest.raises(AuthError, match="bad signature"):
                 await p.send("orders", b"nope")
 
@@ -262,25 +301,60 @@ def test_async_producer_signs_too(cluster):
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "qclient", *args], capture_output=True,
-                          text=True, timeout=60, env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "qclient", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def test_cli_signs_with_flags_or_environment(cluster):
     ns = cluster.namesrv
     env = {"QCLIENT_ACCESS_KEY": APP_KEY, "QCLIENT_SECRET_KEY": APP_SECRET}
-    out = _cli("send", "--namesrv", ns, "--topic", "orders", "--msg-id", "cli-1", "hello",
-               env=env)
+    out = _cli("send", "--namesrv", ns, "--topic", "orders", "--msg-id", "cli-1", "hello", env=env)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["status"] == "SEND_OK"
-    out = _cli("topic", "create", "--namesrv", ns, "--access-key", APP_KEY, "--secret-key",
-               APP_SECRET, "bill_cli")
+    out = _cli(
+        "topic",
+        "create",
+        "--namesrv",
+        ns,
+        "--access-key",
+        APP_KEY,
+        "--secret-key",
+        APP_SECRET,
+        "bill_cli",
+    )
     assert out.returncode == 0, out.stderr
-    out = _cli("consume", "--namesrv", ns, "--topic", "orders", "--group", "g-cli",
-               "--max", "1", "--timeout", "5s", env=env)
+    out = _cli(
+        "consume",
+        "--namesrv",
+        ns,
+        "--topic",
+        "orders",
+        "--group",
+        "g-cli",
+        "--max",
+        "1",
+        "--timeout",
+        "5s",
+        env=env,
+    )
     assert out.returncode == 0 and out.stdout.strip(), out.stderr
-    refused = _cli("send", "--namesrv", ns, "--topic", "orders", "--access-key", APP_KEY,
-                   "--secret-key", WRONG_SECRET, "hello")
+    refused = _cli(
+        "send",
+        "--namesrv",
+        ns,
+        "--topic",
+        "orders",
+        "--access-key",
+        APP_KEY,
+        "--secret-key",
+        WRONG_SECRET,
+        "hello",
+    )
     assert refused.returncode != 0
     lines = refused.stderr.strip().splitlines()
     assert len(lines) == 1 and "bad signature" in lines[0], refused.stderr
@@ -299,10 +373,11 @@ def test_name_server_needs_the_brokers_signature_to_register(cluster):
     cases = [
         ({"Content-Type": wire.JSON}, "missing signature"),
         # an application account is not the broker entry
-        (signed_headers("POST", path, reg, key=OTHER_KEY, secret=OTHER_SECRET),
-         "unknown access key"),
-        (signed_headers("POST", path, reg, key=BROKER_KEY, secret=WRONG_SECRET),
-         "bad signature"),
+        (
+            signed_headers("POST", path, reg, key=OTHER_KEY, secret=OTHER_SECRET),
+            "unknown access key",
+        ),
+        (signed_headers("POST", path, reg, key=BROKER_KEY, secret=WRONG_SECRET), "bad signature"),
     ]
     for headers, reason in cases:
         resp = _post(ns, path, reg, headers)
@@ -311,13 +386,19 @@ def test_name_server_needs_the_brokers_signature_to_register(cluster):
     resp = _post(ns, wire.NAMESRV_UNREGISTER, unreg, {"Content-Type": wire.JSON})
     assert resp.status_code == 401
     assert cluster.registered() == {"broker-a"}  # the signed heartbeat got through
-    ok = _post(ns, path, reg, signed_headers("POST", path, reg, key=BROKER_KEY,
-                                             secret=BROKER_SECRET))
+    ok = _post(
+        ns, path, reg, signed_headers("POST", path, reg, key=BROKER_KEY, secret=BROKER_SECRET)
+    )
     assert ok.status_code == 200, ok.text
     unreg = wire.encode(wire.BrokerUnregistration("rogue", "127.0.0.1:1"))
-    ok = _post(ns, wire.NAMESRV_UNREGISTER, unreg,
-               signed_headers("POST", wire.NAMESRV_UNREGISTER, unreg, key=BROKER_KEY,
-                              secret=BROKER_SECRET))
+    ok = _post(
+        ns,
+        wire.NAMESRV_UNREGISTER,
+        unreg,
+        signed_headers(
+            "POST", wire.NAMESRV_UNREGISTER, unreg, key=BROKER_KEY, secret=BROKER_SECRET
+        ),
+    )
     assert ok.status_code == 200 and cluster.registered() == {"broker-a"}
     # Reads stay open: producers look routes up without credentials.
     assert httpx.get(url(ns, "/v1/routes/orders"), trust_env=False).status_code == 200

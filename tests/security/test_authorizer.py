@@ -18,8 +18,7 @@ NOW_S = 1_700_000_000.0
 ACCOUNT = Account("k", "SECRET-unit", ("orders", "bill_*"))
 
 
-def _run(authorizer: Authorizer,
-         body: Callable[[TestClient[Any, Any]], Awaitable[None]]) -> None:
+def _run(authorizer: Authorizer, body: Callable[[TestClient[Any, Any]], Awaitable[None]]) -> None:
     async def topics(request: web.Request) -> web.Response:
         authorizer.check_topics(request, set(request.query.getall("t", [])))
         return web.json_response({"ok": True})
@@ -37,11 +36,14 @@ def _run(authorizer: Authorizer,
     asyncio.run(main())
 
 
-def _signed(body: bytes = b"{}", *, now_ms: int | None = None,
-            secret: str = "SECRET-unit") -> dict[str, str]:
+def _signed(
+    body: bytes = b"{}", *, now_ms: int | None = None, secret: str = "SECRET-unit"
+) -> dict[str, str]:
     ms = int(NOW_S * 1000) if now_ms is None else now_ms
-    return {**auth.sign_headers("k", secret, "POST", "/v1/x", body, now_ms=ms),
-            "Content-Type": "application/json"}
+    return {
+        **auth.sign_headers("k", secret, "POST", "/v1/x", body, now_ms=ms),
+        "Content-Type": "application/json",
+    }
 
 
 def test_timestamp_window_edges() -> None:

@@ -19,10 +19,14 @@ MIB = 1024 * 1024
 
 
 def _pull(addr: str, commits: dict[int, int]) -> wire.PullResponse:
-    body = wire.encode(wire.PullRequest("big", "g", max_messages=32, commits=commits),
-                       wire.MSGPACK)
-    resp = httpx.post(wire.base_url(addr) + wire.BROKER_PULL, content=body,
-                      headers={"Content-Type": wire.MSGPACK}, timeout=30.0, trust_env=False)
+    body = wire.encode(wire.PullRequest("big", "g", max_messages=32, commits=commits), wire.MSGPACK)
+    resp = httpx.post(
+        wire.base_url(addr) + wire.BROKER_PULL,
+        content=body,
+        headers={"Content-Type": wire.MSGPACK},
+        timeout=30.0,
+        trust_env=False,
+    )
     assert resp.status_code == 200, resp.text
     return wire.decode(resp.content, wire.PullResponse, wire.MSGPACK)
 
@@ -34,8 +38,8 @@ def test_pull_answer_is_capped_in_bytes(tmp_path):
             # Random bodies do not compress. A pull reads every queue of the topic.
             p.send("big", b"x", msg_id="warm")
             for i in range(5):
-                p.send_batch([Message("big", os.urandom(3 * MIB + MIB // 2),
-                                      msg_id=f"big-{i}")])
+                p.send_batch([Message("big", os.urandom(3 * MIB + MIB // 2), msg_id=f"big-{i}")])
+
         # The 16 MiB default fits four 3.5 MiB bodies (and the 1-byte one), not five.
         def five_fired() -> wire.PullResponse | None:
             answer = _pull(addr, {})

@@ -39,10 +39,17 @@ class Detector:
     once, e.g. after a send failure made a route stale.
     """
 
-    def __init__(self, strategy: MQFaultStrategy, resolve: Callable[[str], str | None],
-                 probe: Callable[[str, float], bool], *, interval: float, timeout: float,
-                 housekeeping: Callable[[], None] | None = None,
-                 name: str = "qclient-detector") -> None:
+    def __init__(
+        self,
+        strategy: MQFaultStrategy,
+        resolve: Callable[[str], str | None],
+        probe: Callable[[str, float], bool],
+        *,
+        interval: float,
+        timeout: float,
+        housekeeping: Callable[[], None] | None = None,
+        name: str = "qclient-detector",
+    ) -> None:
         self.strategy = strategy
         self.resolve = resolve
         self.probe = probe
@@ -74,7 +81,8 @@ class Detector:
         probes = 0
         if self.strategy.start_detector_enable:
             probes = self.strategy.latency_fault_tolerance.detect_round(
-                self.resolve, self.probe, interval=self.interval, timeout=self.timeout)
+                self.resolve, self.probe, interval=self.interval, timeout=self.timeout
+            )
         if self.housekeeping is not None:
             self.housekeeping()
         self.rounds += 1

@@ -55,7 +55,8 @@ class ContextIndex:
 
     def __init__(self) -> None:
         self._var: contextvars.ContextVar[tuple[object, int] | None] = contextvars.ContextVar(
-            f"qclient_queue_index_{next(_ids)}", default=None)
+            f"qclient_queue_index_{next(_ids)}", default=None
+        )
 
     @staticmethod
     def _owner() -> object:

@@ -74,8 +74,9 @@ class LatencyFaultTolerance:
         """True when no broker is isolated or unreachable (no allocation, no lock)."""
         return not self._any_unreachable and self.timer() >= self._isolated_until
 
-    def update_fault_item(self, name: str, current_latency: float,
-                          not_available_duration: float, reachable: bool) -> None:
+    def update_fault_item(
+        self, name: str, current_latency: float, not_available_duration: float, reachable: bool
+    ) -> None:
         now = self.timer()
         item = self._items.get(name)
         if item is None:
@@ -132,15 +133,25 @@ class LatencyFaultTolerance:
         out = []
         for item in sorted(self._items.values(), key=lambda i: i.name):
             available = item.is_available(now)
-            out.append(FaultItemSnapshot(
-                name=item.name, current_latency_ms=item.current_latency, available=available,
-                reachable=item.reachable,
-                isolated_until=None if available else wall + (item.start_timestamp - now)))
+            out.append(
+                FaultItemSnapshot(
+                    name=item.name,
+                    current_latency_ms=item.current_latency,
+                    available=available,
+                    reachable=item.reachable,
+                    isolated_until=None if available else wall + (item.start_timestamp - now),
+                )
+            )
         return out
 
-    def detect_round(self, resolve: Callable[[str], str | None],
-                     probe: Callable[[str, float], bool], *, interval: float,
-                     timeout: float) -> int:
+    def detect_round(
+        self,
+        resolve: Callable[[str], str | None],
+        probe: Callable[[str, float], bool],
+        *,
+        interval: float,
+        timeout: float,
+    ) -> int:
         """One detector pass: probe each isolated or unreachable broker that is due.
 
         A broker that answers is reachable again and its isolation ends; one that does

@@ -26,12 +26,16 @@ class MQFaultStrategy:
     every call and the detector thread checks ``start_detector_enable`` every round.
     """
 
-    def __init__(self, *, send_latency_fault_enable: bool = True,
-                 start_detector_enable: bool = True,
-                 latency_max_ms: Sequence[int] = LATENCY_MAX_MS,
-                 not_available_ms: Sequence[int] = NOT_AVAILABLE_MS,
-                 isolation_latency_ms: int = 10000,
-                 fault_tolerance: LatencyFaultTolerance | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        send_latency_fault_enable: bool = True,
+        start_detector_enable: bool = True,
+        latency_max_ms: Sequence[int] = LATENCY_MAX_MS,
+        not_available_ms: Sequence[int] = NOT_AVAILABLE_MS,
+        isolation_latency_ms: int = 10000,
+        fault_tolerance: LatencyFaultTolerance | None = None,
+    ) -> None:
         self.send_latency_fault_enable = send_latency_fault_enable
         self.start_detector_enable = start_detector_enable
         self.latency_max = tuple(latency_max_ms)
@@ -48,15 +52,18 @@ class MQFaultStrategy:
                 return self.not_available_duration[i]
         return 0
 
-    def update_fault_item(self, broker_name: str, current_latency: float, isolation: bool,
-                          reachable: bool) -> None:
+    def update_fault_item(
+        self, broker_name: str, current_latency: float, isolation: bool, reachable: bool
+    ) -> None:
         """Record one attempt; a no-op while fault tolerance is off (as in RocketMQ)."""
         if not self.send_latency_fault_enable:
             return
         duration = self.compute_not_available_duration(
-            self.isolation_latency_ms if isolation else current_latency)
-        self.latency_fault_tolerance.update_fault_item(broker_name, current_latency, duration,
-                                                       reachable)
+            self.isolation_latency_ms if isolation else current_latency
+        )
+        self.latency_fault_tolerance.update_fault_item(
+            broker_name, current_latency, duration, reachable
+        )
 
     # --- selection ---------------------------------------------------------------------
 
@@ -64,8 +71,12 @@ class MQFaultStrategy:
         """``n`` first-attempt selections (``select_one_message_queue(info)`` n times), the
         common case of everything healthy in one step."""
         queues = info.queues
-        if (n > 1 and queues and self.send_latency_fault_enable
-                and self.latency_fault_tolerance.all_healthy()):
+        if (
+            n > 1
+            and queues
+            and self.send_latency_fault_enable
+            and self.latency_fault_tolerance.all_healthy()
+        ):
             first = info.index.advance(n)
             size = len(queues)
             start = first % size
@@ -77,8 +88,9 @@ class MQFaultStrategy:
         select = self.select_one_message_queue
         return [select(info) for _ in range(n)]
 
-    def select_one_message_queue(self, info: TopicPublishInfo, last_broker: str | None = None,
-                                 reset_index: bool = False) -> MessageQueue:
+    def select_one_message_queue(
+        self, info: TopicPublishInfo, last_broker: str | None = None, reset_index: bool = False
+    ) -> MessageQueue:
         """Pick the queue of the next attempt.
 
         Fault tolerance on: (1) a queue of an available broker other than ``last_broker``;
@@ -101,12 +113,18 @@ class MQFaultStrategy:
             unavailable, unreachable = lft.unhealthy()
             if last_broker is None and not unavailable:
                 return queues[idx % len(queues)]
-            tier = [q for q in queues
-                    if q.broker_name != last_broker and q.broker_name not in unavailable]
+            tier = [
+                q
+                for q in queues
+                if q.broker_name != last_broker and q.broker_name not in unavailable
+            ]
             if tier:
                 return tier[idx % len(tier)]
-            tier = [q for q in queues
-                    if q.broker_name != last_broker and q.broker_name not in unreachable]
+            tier = [
+                q
+                for q in queues
+                if q.broker_name != last_broker and q.broker_name not in unreachable
+            ]
             if tier:
                 return tier[idx % len(tier)]
             return queues[idx % len(queues)]
@@ -116,8 +134,9 @@ class MQFaultStrategy:
                 return tier[idx % len(tier)]
         return queues[idx % len(queues)]
 
-    def select_for_id(self, info: TopicPublishInfo, msg_id: str,
-                      last_broker: str | None = None) -> MessageQueue:
+    def select_for_id(
+        self, info: TopicPublishInfo, msg_id: str, last_broker: str | None = None
+    ) -> MessageQueue:
         """The queue for a message whose id the caller chose: the same broker every time.
 
         A broker deduplicates only the ids it stored itself, so a re-sent id (a retried
@@ -131,15 +150,15 @@ class MQFaultStrategy:
         order, by_broker = self._id_brokers(info, last_broker)
         return _pick_for_id(msg_id, order, by_broker)
 
-    def select_for_ids(self, info: TopicPublishInfo,
-                       msg_ids: Sequence[str]) -> list[MessageQueue]:
+    def select_for_ids(self, info: TopicPublishInfo, msg_ids: Sequence[str]) -> list[MessageQueue]:
         """``select_for_id(info, id)`` for each id (first attempts), the brokers' health
         read once for all of them."""
         order, by_broker = self._id_brokers(info, None)
         return [_pick_for_id(i, order, by_broker) for i in msg_ids]
 
-    def _id_brokers(self, info: TopicPublishInfo, last_broker: str | None
-                    ) -> tuple[list[tuple[str, bytes]], dict[str, list[MessageQueue]]]:
+    def _id_brokers(
+        self, info: TopicPublishInfo, last_broker: str | None
+    ) -> tuple[list[tuple[str, bytes]], dict[str, list[MessageQueue]]]:
         """The candidate brokers of ``select_for_id`` (sorted, with their encoded names)
         and the queues of each broker in route order."""
         queues = info.queues
@@ -165,8 +184,9 @@ class MQFaultStrategy:
         return [(b, b"\x00" + b.encode()) for b in sorted(candidates)], by_broker
 
 
-def _pick_for_id(msg_id: str, order: list[tuple[str, bytes]],
-                 by_broker: dict[str, list[MessageQueue]]) -> MessageQueue:
+def _pick_for_id(
+    msg_id: str, order: list[tuple[str, bytes]], by_broker: dict[str, list[MessageQueue]]
+) -> MessageQueue:
     """Rendezvous hashing: the candidate (in ``order``) with the highest hash of the id
     and its name (the first of equals), then the id's own hash picks the queue."""
     key = msg_id.encode()

@@ -34,9 +34,14 @@ class Background:
         self._retry_after: dict[str, float] = {}
         self._last_wake = 0.0
         self._lock = threading.Lock()
-        self.detector = Detector(core.strategy, core.routes.resolve, http_probe(self._http),
-                                 interval=cfg.detect_interval, timeout=cfg.detect_timeout,
-                                 housekeeping=self.refresh_routes)
+        self.detector = Detector(
+            core.strategy,
+            core.routes.resolve,
+            http_probe(self._http),
+            interval=cfg.detect_interval,
+            timeout=cfg.detect_timeout,
+            housekeeping=self.refresh_routes,
+        )
         core.routes.set_on_stale(self._stale)
         core.on_route_failure = self.route_failed
         self.detector.start()
@@ -62,8 +67,9 @@ class Background:
                 route = self._ns.get_route(topic)
             except QClientError as exc:
                 self._retry_after[topic] = now + _REFRESH_BACKOFF
-                log.warning("route refresh of %s failed, keeping the last good route: %s",
-                            topic, exc)
+                log.warning(
+                    "route refresh of %s failed, keeping the last good route: %s", topic, exc
+                )
                 continue
             self._retry_after.pop(topic, None)
             self.core.store_route(topic, route)

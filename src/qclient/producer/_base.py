@@ -21,21 +21,28 @@ def batch_outcome(results: list[SendResult | QClientError]) -> list[SendResult]:
     if failed:
         raise BatchSendError(
             f"{len(failed)} of {len(results)} message(s) not acknowledged; first: {failed[0]}",
-            results)
+            results,
+        )
     return results  # type: ignore[return-value]
 
 
 class ProducerBase:
     """Configuration, the shared core, and the read-only views of a producer."""
 
-    def __init__(self, namesrv: str | Sequence[str], index_factory: Callable[[], Any],
-                 options: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        namesrv: str | Sequence[str],
+        index_factory: Callable[[], Any],
+        options: dict[str, Any],
+    ) -> None:
         self._cfg = ProducerConfig.create(namesrv, **options)
         self._core = ProducerCore(self._cfg, index_factory)
         cfg = self._cfg
-        self._credentials = (Credentials(cfg.access_key, cfg.secret_key)
-                             if cfg.access_key is not None and cfg.secret_key is not None
-                             else None)
+        self._credentials = (
+            Credentials(cfg.access_key, cfg.secret_key)
+            if cfg.access_key is not None and cfg.secret_key is not None
+            else None
+        )
         self._closed = False
 
     @property

@@ -170,16 +170,27 @@ class Stats:
                 recent = sorted(b.recent)
 
                 def pct(p: float, recent: list[float] = recent) -> float:
-                    return round(recent[min(len(recent) - 1, int(p * len(recent)))], 3) \
-                        if recent else 0.0
+                    return (
+                        round(recent[min(len(recent) - 1, int(p * len(recent)))], 3)
+                        if recent
+                        else 0.0
+                    )
 
                 brokers[name] = {
-                    "requests": b.requests, "errors": b.errors,
+                    "requests": b.requests,
+                    "errors": b.errors,
                     "avg_ms": round(b.total_ms / b.requests, 3) if b.requests else 0.0,
-                    "p50_ms": pct(0.5), "p99_ms": pct(0.99), "max_ms": round(b.max_ms, 3),
+                    "p50_ms": pct(0.5),
+                    "p99_ms": pct(0.99),
+                    "max_ms": round(b.max_ms, 3),
                 }
-            return {"sent": self.sent, "failed": self.failed, "retried": self.retried,
-                    "requests": self.requests, "brokers": brokers}
+            return {
+                "sent": self.sent,
+                "failed": self.failed,
+                "retried": self.retried,
+                "requests": self.requests,
+                "brokers": brokers,
+            }
 
 
 class _StopAtDeadline(tenacity.stop.stop_base):
@@ -201,8 +212,10 @@ class ProducerCore:
         self.strategy = MQFaultStrategy(
             send_latency_fault_enable=cfg.send_latency_fault_enable,
             start_detector_enable=cfg.start_detector_enable,
-            latency_max_ms=cfg.latency_max_ms, not_available_ms=cfg.not_available_ms,
-            isolation_latency_ms=cfg.isolation_latency_ms)
+            latency_max_ms=cfg.latency_max_ms,
+            not_available_ms=cfg.not_available_ms,
+            isolation_latency_ms=cfg.isolation_latency_ms,
+        )
         self.routes = RouteCache(cfg.route_refresh_interval, index_factory)
         self.stats = Stats()
         self.content_type = MSGPACK if cfg.encoding == "msgpack" else JSON
@@ -212,16 +225,26 @@ class ProducerCore:
             stop=tenacity.stop_after_attempt(cfg.times_total) | _StopAtDeadline(),
             wait=tenacity.wait_random_exponential(multiplier=0.005, max=0.1),
             retry=tenacity.retry_if_exception_type(_Round),
-            reraise=True, sleep=_no_sleep)
+            reraise=True,
+            sleep=_no_sleep,
+        )
         self.on_route_failure: Callable[[str], None] | None = None
         #: Message -> WireMessage with this config's limits (validation included)
         self.builder = WireBuilder(cfg)
 
     # --- messages --------------------------------------------------------------------
 
-    def wire(self, topic: str, body: Any, key: str | None, tags: str | None,
-             properties: dict[str, str] | None, delay: Any, deliver_at: Any,
-             msg_id: str | None) -> WireMessage:
+    def wire(
+        self,
+        topic: str,
+        body: Any,
+        key: str | None,
+        tags: str | None,
+        properties: dict[str, str] | None,
+        delay: Any,
+        deliver_at: Any,
+        msg_id: str | None,
+    ) -> WireMessage:
         return to_wire(self.cfg, topic, body, key, tags, properties, delay, deliver_at, msg_id)
 
     def wires(self, messages: Sequence[Message]) -> list[WireMessage]:
@@ -241,7 +264,8 @@ class ProducerCore:
     def check_route(info: TopicPublishInfo) -> TopicPublishInfo:
         if not info.queues:
             raise BrokerUnavailableError(
-                f"topic {info.topic!r} has no writable queue on any broker with a master")
+                f"topic {info.topic!r} has no writable queue on any broker with a master"
+            )
         return info
 
     # --- the fault table -------------------------------------------------------------
@@ -251,8 +275,7 @@ class ProducerCore:
         strategy = self.strategy
         if outcome is Outcome.TRANSPORT:
             # RocketMQ: unreachable only when a detector will set it back
-            strategy.update_fault_item(broker, latency_ms, True,
-                                       not strategy.start_detector_enable)
+            strategy.update_fault_item(broker, latency_ms, True, not strategy.start_detector_enable)
         elif outcome is Outcome.BROKER:
             strategy.update_fault_item(broker, latency_ms, True, False)
         else:  # answered, failed before sending, final answer, interrupted
@@ -264,22 +287,34 @@ class ProducerCore:
 
     # --- the send plan ---------------------------------------------------------------
 
-    def items(self, wires: Sequence[WireMessage], infos: Sequence[TopicPublishInfo],
-              queues: Sequence[MessageQueue | None] | None = None) -> list[Item]:
+    def items(
+        self,
+        wires: Sequence[WireMessage],
+        infos: Sequence[TopicPublishInfo],
+        queues: Sequence[MessageQueue | None] | None = None,
+    ) -> list[Item]:
         if queues is None:
             return [Item(i, w, inf) for i, (w, inf) in enumerate(zip(wires, infos, strict=True))]
-        return [Item(i, w, inf, q)
-                for i, (w, inf, q) in enumerate(zip(wires, infos, queues, strict=True))]
+        return [
+            Item(i, w, inf, q)
+            for i, (w, inf, q) in enumerate(zip(wires, infos, queues, strict=True))
+        ]
 
-    def select(self, info: TopicPublishInfo, last_broker: str | None = None,
-               reset_index: bool = False, msg_id: str | None = None) -> MessageQueue:
+    def select(
+        self,
+        info: TopicPublishInfo,
+        last_broker: str | None = None,
+        reset_index: bool = False,
+        msg_id: str | None = None,
+    ) -> MessageQueue:
         """Round robin, or the id's own broker when ``msg_id`` (chosen by the caller)."""
         if msg_id is not None:
             return self.strategy.select_for_id(info, msg_id, last_broker)
         return self.strategy.select_one_message_queue(info, last_broker, reset_index)
 
-    def plan_send(self, items: list[Item], *, deadline: float | None = None,
-                  one_chunk: bool = False) -> Plan:
+    def plan_send(
+        self, items: list[Item], *, deadline: float | None = None, one_chunk: bool = False
+    ) -> Plan:
         """Send ``items``; returns results in input order (a ``QClientError`` per failure).
 
         ``one_chunk``: the items are already one chunk for one broker, queues assigned
@@ -304,9 +339,14 @@ class ProducerCore:
                 if one_chunk and attempt == 1:
                     first = pending[0].queue
                     assert first is not None
-                    calls = [self._call(first.broker_name,
-                                        pending[0].info.broker_addrs[first.broker_name], pending,
-                                        self.attempt_timeout(1, deadline))]
+                    calls = [
+                        self._call(
+                            first.broker_name,
+                            pending[0].info.broker_addrs[first.broker_name],
+                            pending,
+                            self.attempt_timeout(1, deadline),
+                        )
+                    ]
                 else:
                     calls = self._calls(pending, attempt, deadline)
                 outcomes: list[CallResult] = yield calls
@@ -329,13 +369,19 @@ class ProducerCore:
         for it in pending:
             results[it.index] = it.error or SendTimeoutError(
                 f"message {it.wire.msg_id} not acknowledged within "
-                f"send_timeout={self.cfg.send_timeout}s")
+                f"send_timeout={self.cfg.send_timeout}s"
+            )
         failed = len(results) - list(map(type, results)).count(SendResult)
         self.stats.done(len(results) - failed, failed)
         if failed and log.isEnabledFor(logging.WARNING):
             first_error = next(r for r in results if isinstance(r, QClientError))
-            log.warning("%d of %d message(s) failed after %d attempt(s): %s", failed,
-                        len(results), state.attempt_number, first_error)
+            log.warning(
+                "%d of %d message(s) failed after %d attempt(s): %s",
+                failed,
+                len(results),
+                state.attempt_number,
+                first_error,
+            )
         return results
 
     def attempt_timeout(self, attempt: int, deadline: float) -> float:
@@ -403,8 +449,11 @@ class ProducerCore:
         strategy = self.strategy
         for (_info, pinned), group in groups.items():
             info = group[0].info
-            queues = (strategy.select_for_ids(info, [it.wire.msg_id for it in group])
-                      if pinned else strategy.select_many(info, len(group)))
+            queues = (
+                strategy.select_for_ids(info, [it.wire.msg_id for it in group])
+                if pinned
+                else strategy.select_many(info, len(group))
+            )
             for it, q in zip(group, queues, strict=True):
                 it.queue = q
 
@@ -412,18 +461,28 @@ class ProducerCore:
         body = encode(SendRequest(messages=[it.wire for it in chunk]), self.content_type)
         return HttpCall(broker, addr, BROKER_SEND, body, timeout, chunk)
 
-    def _absorb(self, calls: list[HttpCall], outcomes: list[CallResult],
-                results: list[SendResult | QClientError | None]) -> list[Item]:
+    def _absorb(
+        self,
+        calls: list[HttpCall],
+        outcomes: list[CallResult],
+        results: list[SendResult | QClientError | None],
+    ) -> list[Item]:
         """Turn a round's answers into results; returns the items to retry."""
         retry: list[Item] = []
         for call, res in zip(calls, outcomes, strict=True):
             broker = call.broker
             items = call.items
             if res.exc is not None or res.response is None:
-                outcome, err = classify_exception(res.exc or RuntimeError("no response"),
-                                                  broker=broker, timeout=call.timeout)
-                log.warning("send of %d message(s) to %s failed after %.0f ms: %s",
-                            len(items), broker, res.latency_ms, err)
+                outcome, err = classify_exception(
+                    res.exc or RuntimeError("no response"), broker=broker, timeout=call.timeout
+                )
+                log.warning(
+                    "send of %d message(s) to %s failed after %.0f ms: %s",
+                    len(items),
+                    broker,
+                    res.latency_ms,
+                    err,
+                )
                 self.record(broker, res.latency_ms, outcome)
                 self._fail(items, err, broker, outcome is not Outcome.FINAL, results, retry)
                 continue
@@ -431,10 +490,17 @@ class ProducerCore:
             if resp.status != 200:
                 code, message = parse_error_response(resp)
                 outcome = response_outcome(code, resp.status)
-                err = error_for_code(code, message, broker=broker, topic=items[0].wire.topic,
-                                     status=resp.status)
-                log.warning("broker %s refused %d message(s): HTTP %d %s: %s", broker,
-                            len(items), resp.status, code, message)
+                err = error_for_code(
+                    code, message, broker=broker, topic=items[0].wire.topic, status=resp.status
+                )
+                log.warning(
+                    "broker %s refused %d message(s): HTTP %d %s: %s",
+                    broker,
+                    len(items),
+                    resp.status,
+                    code,
+                    message,
+                )
                 self.record(broker, res.latency_ms, outcome)
                 self._fail(items, err, broker, outcome is not Outcome.FINAL, results, retry)
                 continue
@@ -445,8 +511,9 @@ class ProducerCore:
                 if [r.msg_id for r in answer.results] != [it.wire.msg_id for it in items]:
                     raise ValueError("results not in the order of the request's messages")
             except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
-                err = BrokerUnavailableError(f"broker {broker} sent a bad answer: {exc}",
-                                             broker_name=broker)
+                err = BrokerUnavailableError(
+                    f"broker {broker} sent a bad answer: {exc}", broker_name=broker
+                )
                 self.record(broker, res.latency_ms, Outcome.BROKER)
                 self._fail(items, err, broker, True, results, retry)
                 continue
@@ -454,11 +521,11 @@ class ProducerCore:
             ok = SendStatus.SEND_OK
             for it, r in zip(items, answer.results, strict=True):
                 if r.status == SEND_OK:
-                    results[it.index] = SendResult(r.msg_id, ok, broker, r.queue_id,
-                                                   r.deliver_at_ms, it.wire.topic)
+                    results[it.index] = SendResult(
+                        r.msg_id, ok, broker, r.queue_id, r.deliver_at_ms, it.wire.topic
+                    )
                     continue
-                err = error_for_code(r.status, r.error or "", broker=broker,
-                                     topic=it.wire.topic)
+                err = error_for_code(r.status, r.error or "", broker=broker, topic=it.wire.topic)
                 if r.status in RETRYABLE_CODES:
                     broker_error = True
                     it.error, it.last_broker = err, broker
@@ -472,8 +539,14 @@ class ProducerCore:
         return retry
 
     @staticmethod
-    def _fail(items: list[Item], err: QClientError, broker: str, retryable: bool,
-              results: list[SendResult | QClientError | None], retry: list[Item]) -> None:
+    def _fail(
+        items: list[Item],
+        err: QClientError,
+        broker: str,
+        retryable: bool,
+        results: list[SendResult | QClientError | None],
+        retry: list[Item],
+    ) -> None:
         for it in items:
             if retryable:
                 it.error, it.last_broker = err, broker
@@ -485,8 +558,12 @@ class ProducerCore:
 
     def plan_cancel(self, result: SendResult, addr: str) -> Plan:
         """Cancel on the broker that holds the message; retries transport failures there."""
-        body = encode(CancelRequest(topic=result.topic, msg_id=result.msg_id,
-                                    deliver_at_ms=result.deliver_at_ms), self.content_type)
+        body = encode(
+            CancelRequest(
+                topic=result.topic, msg_id=result.msg_id, deliver_at_ms=result.deliver_at_ms
+            ),
+            self.content_type,
+        )
         deadline = time.monotonic() + self.cfg.send_timeout
         broker = result.broker_name
         last: QClientError | None = None
@@ -497,8 +574,9 @@ class ProducerCore:
             call = HttpCall(broker, addr, BROKER_CANCEL, body, timeout, [])
             (res,) = yield [call]
             if res.exc is not None or res.response is None:
-                outcome, last = classify_exception(res.exc or RuntimeError("no response"),
-                                                   broker=broker, timeout=timeout)
+                outcome, last = classify_exception(
+                    res.exc or RuntimeError("no response"), broker=broker, timeout=timeout
+                )
                 self.record(broker, res.latency_ms, outcome)
                 if outcome is Outcome.FINAL:
                     break
@@ -514,8 +592,9 @@ class ProducerCore:
             code, message = parse_error_response(resp)
             outcome = response_outcome(code, resp.status)
             self.record(broker, res.latency_ms, outcome)
-            last = error_for_code(code, message, broker=broker, topic=result.topic,
-                                  status=resp.status)
+            last = error_for_code(
+                code, message, broker=broker, topic=result.topic, status=resp.status
+            )
             if outcome is Outcome.FINAL:
                 break
         raise last or SendTimeoutError(f"cancel of {result.msg_id} timed out")

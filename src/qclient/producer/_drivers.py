@@ -73,8 +73,12 @@ def call_sync(http: SyncHttp, call: HttpCall, slots: SyncSlots | None = None) ->
     return res
 
 
-def run_sync(plan: Plan, http: SyncHttp, executor: Callable[[], Executor] | None = None,
-             slots: SyncSlots | None = None) -> Any:
+def run_sync(
+    plan: Plan,
+    http: SyncHttp,
+    executor: Callable[[], Executor] | None = None,
+    slots: SyncSlots | None = None,
+) -> Any:
     """Run a plan to completion in this thread; a round's calls run concurrently on
     ``executor()`` when there are several (one per broker chunk)."""
     answer: Any = None
@@ -99,8 +103,7 @@ async def _call_async(http: AsyncHttp | AioHttp, call: HttpCall) -> CallResult:
     try:
         # a hard cap on the whole exchange, not only per phase as httpx's timeout is
         async with asyncio.timeout(call.timeout + 0.05):
-            resp = await http.request("POST", call.addr, call.path, call.body,
-                                      timeout=call.timeout)
+            resp = await http.request("POST", call.addr, call.path, call.body, timeout=call.timeout)
     except TimeoutError:
         exc: Exception = httpx.TimeoutException(f"no answer within {call.timeout:.3f}s")
         return CallResult(exc=exc, latency_ms=(time.perf_counter() - start) * 1000)
@@ -109,8 +112,9 @@ async def _call_async(http: AsyncHttp | AioHttp, call: HttpCall) -> CallResult:
     return CallResult(response=resp, latency_ms=(time.perf_counter() - start) * 1000)
 
 
-async def call_async(http: AsyncHttp | AioHttp, call: HttpCall,
-                     slots: AsyncSlots | None = None) -> CallResult:
+async def call_async(
+    http: AsyncHttp | AioHttp, call: HttpCall, slots: AsyncSlots | None = None
+) -> CallResult:
     if slots is None:
         return await _call_async(http, call)
     queued = time.perf_counter()
@@ -133,8 +137,7 @@ async def run_async(plan: Plan, http: AsyncHttp | AioHttp, slots: AsyncSlots | N
             elif len(step) == 1:
                 answer = [await call_async(http, step[0], slots)]
             else:
-                answer = list(await asyncio.gather(*(call_async(http, c, slots)
-                                                     for c in step)))
+                answer = list(await asyncio.gather(*(call_async(http, c, slots) for c in step)))
     except StopIteration as stop:
         return stop.value
     finally:

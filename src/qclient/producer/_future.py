@@ -77,8 +77,7 @@ class SendFuture(Future):
             return self._exception
 
 
-def settle_many(condition: threading.Condition, futures: list[Any],
-                results: list[Any]) -> None:
+def settle_many(condition: threading.Condition, futures: list[Any], results: list[Any]) -> None:
     """Complete ``futures`` (each with its result, or exception when the result is a
     ``BaseException``) under one acquisition of their shared ``condition`` and one
     ``notify_all``; a future already done (cancelled by its caller) is skipped.

@@ -80,8 +80,9 @@ class _Coalescer:
         results: list[Any]
         try:
             # one broker, at most the batch limits, queues chosen: one chunk as it is
-            results = await run_async(self._p._core.plan_send(items, one_chunk=True),
-                                      self._p._http, self._p._slots)
+            results = await run_async(
+                self._p._core.plan_send(items, one_chunk=True), self._p._http, self._p._slots
+            )
         except asyncio.CancelledError:
             results = [ProducerClosedError("producer closed while sending")] * len(batch)
         except Exception as exc:  # a bug must still answer every caller
@@ -101,28 +102,54 @@ class AsyncProducer(ProducerBase):
     Create it inside a running event loop and use it from that loop only.
     """
 
-    def __init__(self, namesrv: str | Sequence[str], *, send_timeout: float = 3.0,
-                 retry_times: int = 2, send_latency_fault_enable: bool = True,
-                 start_detector_enable: bool = True, detect_interval: float = 2.0,
-                 detect_timeout: float = 0.2, route_refresh_interval: float = 30.0,
-                 max_message_size: int = 4 * 1024 * 1024, linger_ms: float = 5.0,
-                 batch_max_messages: int = 256, batch_max_bytes: int = 1 << 20,
-                 max_buffered_messages: int = 100_000, access_key: str | None = None,
-                 secret_key: str | None = None, **options: Any) -> None:
-        super().__init__(namesrv, ContextIndex, dict(
-            send_timeout=send_timeout, retry_times=retry_times,
-            send_latency_fault_enable=send_latency_fault_enable,
-            start_detector_enable=start_detector_enable, detect_interval=detect_interval,
-            detect_timeout=detect_timeout, route_refresh_interval=route_refresh_interval,
-            max_message_size=max_message_size, linger_ms=linger_ms,
-            batch_max_messages=batch_max_messages, batch_max_bytes=batch_max_bytes,
-            max_buffered_messages=max_buffered_messages, access_key=access_key,
-            secret_key=secret_key, **options))
+    def __init__(
+        self,
+        namesrv: str | Sequence[str],
+        *,
+        send_timeout: float = 3.0,
+        retry_times: int = 2,
+        send_latency_fault_enable: bool = True,
+        start_detector_enable: bool = True,
+        detect_interval: float = 2.0,
+        detect_timeout: float = 0.2,
+        route_refresh_interval: float = 30.0,
+        max_message_size: int = 4 * 1024 * 1024,
+        linger_ms: float = 5.0,
+        batch_max_messages: int = 256,
+        batch_max_bytes: int = 1 << 20,
+        max_buffered_messages: int = 100_000,
+        access_key: str | None = None,
+        secret_key: str | None = None,
+        **options: Any,
+    ) -> None:
+        super().__init__(
+            namesrv,
+            ContextIndex,
+            dict(
+                send_timeout=send_timeout,
+                retry_times=retry_times,
+                send_latency_fault_enable=send_latency_fault_enable,
+                start_detector_enable=start_detector_enable,
+                detect_interval=detect_interval,
+                detect_timeout=detect_timeout,
+                route_refresh_interval=route_refresh_interval,
+                max_message_size=max_message_size,
+                linger_ms=linger_ms,
+                batch_max_messages=batch_max_messages,
+                batch_max_bytes=batch_max_bytes,
+                max_buffered_messages=max_buffered_messages,
+                access_key=access_key,
+                secret_key=secret_key,
+                **options,
+            ),
+        )
         cfg = self._cfg
-        self._http = AsyncHttp(content_type=self._core.content_type,
-                               credentials=self._credentials, verify=cfg.verify)
-        self._ns = AsyncNameServerClient(cfg.namesrv, timeout=cfg.namesrv_timeout,
-                                         verify=cfg.verify)
+        self._http = AsyncHttp(
+            content_type=self._core.content_type, credentials=self._credentials, verify=cfg.verify
+        )
+        self._ns = AsyncNameServerClient(
+            cfg.namesrv, timeout=cfg.namesrv_timeout, verify=cfg.verify
+        )
         # probes and route refreshes: the same background thread as Producer's
         self._bg = Background(self._core, cfg)
         self._route_locks: dict[str, asyncio.Lock] = {}
@@ -140,9 +167,17 @@ class AsyncProducer(ProducerBase):
                     info = self._core.store_route(topic, await self._ns.get_route(topic))
         return self._core.check_route(info)
 
-    async def _send_one(self, topic: str, body: bytes | str, key: str | None,
-                        tags: str | None, properties: dict[str, str] | None, delay: Any,
-                        deliver_at: Any, msg_id: str | None) -> SendResult:
+    async def _send_one(
+        self,
+        topic: str,
+        body: bytes | str,
+        key: str | None,
+        tags: str | None,
+        properties: dict[str, str] | None,
+        delay: Any,
+        deliver_at: Any,
+        msg_id: str | None,
+    ) -> SendResult:
         self._check_open()
         wire = self._core.wire(topic, body, key, tags, properties, delay, deliver_at, msg_id)
         info = await self._info(topic)
@@ -153,22 +188,35 @@ class AsyncProducer(ProducerBase):
             raise result
         return result
 
-    async def send(self, topic: str, body: bytes | str, *, key: str | None = None,
-                   tags: str | None = None, properties: dict[str, str] | None = None,
-                   msg_id: str | None = None) -> SendResult:
+    async def send(
+        self,
+        topic: str,
+        body: bytes | str,
+        *,
+        key: str | None = None,
+        tags: str | None = None,
+        properties: dict[str, str] | None = None,
+        msg_id: str | None = None,
+    ) -> SendResult:
         """Send for immediate delivery."""
         return await self._send_one(topic, body, key, tags, properties, None, None, msg_id)
 
-    async def send_delayed(self, topic: str, body: bytes | str, *,
-                           delay: float | timedelta | None = None,
-                           deliver_at: datetime | float | None = None, key: str | None = None,
-                           tags: str | None = None, properties: dict[str, str] | None = None,
-                           msg_id: str | None = None) -> SendResult:
+    async def send_delayed(
+        self,
+        topic: str,
+        body: bytes | str,
+        *,
+        delay: float | timedelta | None = None,
+        deliver_at: datetime | float | None = None,
+        key: str | None = None,
+        tags: str | None = None,
+        properties: dict[str, str] | None = None,
+        msg_id: str | None = None,
+    ) -> SendResult:
         """Send for delivery after ``delay`` or at ``deliver_at`` (exactly one)."""
         if (delay is None) == (deliver_at is None):
             raise InvalidMessageError("send_delayed needs exactly one of delay and deliver_at")
-        return await self._send_one(topic, body, key, tags, properties, delay, deliver_at,
-                                    msg_id)
+        return await self._send_one(topic, body, key, tags, properties, delay, deliver_at, msg_id)
 
     async def send_batch(self, messages: Iterable[Message]) -> list[SendResult]:
         """As ``Producer.send_batch``: results in input order, ``BatchSendError`` if any
@@ -182,8 +230,10 @@ class AsyncProducer(ProducerBase):
         for w in wires:
             if w.topic not in infos:
                 infos[w.topic] = await self._info(w.topic)
-        items = [Item(i, w, infos[w.topic], pinned=m.msg_id is not None)
-                 for i, (w, m) in enumerate(zip(wires, msgs, strict=True))]
+        items = [
+            Item(i, w, infos[w.topic], pinned=m.msg_id is not None)
+            for i, (w, m) in enumerate(zip(wires, msgs, strict=True))
+        ]
         results = await run_async(self._core.plan_send(items), self._http, self._slots)
         return batch_outcome(results)
 
@@ -194,8 +244,9 @@ class AsyncProducer(ProducerBase):
         if addr is None and result.topic:
             addr = (await self._info(result.topic)).broker_addrs.get(result.broker_name)
         if addr is None:
-            raise BrokerUnavailableError(f"broker {result.broker_name} is in no known route",
-                                         broker_name=result.broker_name)
+            raise BrokerUnavailableError(
+                f"broker {result.broker_name} is in no known route", broker_name=result.broker_name
+            )
         return bool(await run_async(self._core.plan_cancel(result, addr), self._http))
 
     async def close(self, timeout: float | None = None) -> None:

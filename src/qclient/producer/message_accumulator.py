@@ -49,8 +49,9 @@ class MessageAccumulator:
         self.buffered = 0
         self.closed = False
 
-    def append(self, item: Item, future: Future[SendResult], broker: str,
-               block_timeout: float) -> None:
+    def append(
+        self, item: Item, future: Future[SendResult], broker: str, block_timeout: float
+    ) -> None:
         """Add one message; blocks while the buffer is full, up to ``block_timeout``
         seconds, then raises ``BufferFullError``."""
         size = item.size
@@ -63,7 +64,8 @@ class MessageAccumulator:
                     if remaining <= 0:
                         raise BufferFullError(
                             f"{self.buffered} messages buffered (max_buffered_messages="
-                            f"{self.max_buffered}) and no room within {block_timeout}s")
+                            f"{self.max_buffered}) and no room within {block_timeout}s"
+                        )
                     self._space.wait(remaining)
             if self.closed:
                 raise ProducerClosedError("producer is closed")
@@ -89,8 +91,9 @@ class MessageAccumulator:
         if wake:
             self.wakeup()
 
-    def drain(self, now: float, in_flight: dict[str, int],
-              max_in_flight: int) -> tuple[list[ProducerBatch], float | None]:
+    def drain(
+        self, now: float, in_flight: dict[str, int], max_in_flight: int
+    ) -> tuple[list[ProducerBatch], float | None]:
         """Batches to send now (full, lingered long enough, or flushing), within the
         per-broker in-flight limit, and when the next open batch will be due."""
         out: list[ProducerBatch] = []

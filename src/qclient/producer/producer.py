@@ -31,26 +31,54 @@ log = logging.getLogger(__name__)
 class Producer(ProducerBase):
     """Sends (delayed) messages; thread-safe; a context manager. See CONTRACT.md."""
 
-    def __init__(self, namesrv: str | Sequence[str], *, send_timeout: float = 3.0,
-                 retry_times: int = 2, send_latency_fault_enable: bool = True,
-                 start_detector_enable: bool = True, detect_interval: float = 2.0,
-                 detect_timeout: float = 0.2, route_refresh_interval: float = 30.0,
-                 max_message_size: int = 4 * 1024 * 1024, linger_ms: float = 5.0,
-                 batch_max_messages: int = 256, batch_max_bytes: int = 1 << 20,
-                 max_buffered_messages: int = 100_000, access_key: str | None = None,
-                 secret_key: str | None = None, **options: Any) -> None:
-        super().__init__(namesrv, ThreadLocalIndex, dict(
-            send_timeout=send_timeout, retry_times=retry_times,
-            send_latency_fault_enable=send_latency_fault_enable,
-            start_detector_enable=start_detector_enable, detect_interval=detect_interval,
-            detect_timeout=detect_timeout, route_refresh_interval=route_refresh_interval,
-            max_message_size=max_message_size, linger_ms=linger_ms,
-            batch_max_messages=batch_max_messages, batch_max_bytes=batch_max_bytes,
-            max_buffered_messages=max_buffered_messages, access_key=access_key,
-            secret_key=secret_key, **options))
+    def __init__(
+        self,
+        namesrv: str | Sequence[str],
+        *,
+        send_timeout: float = 3.0,
+        retry_times: int = 2,
+        send_latency_fault_enable: bool = True,
+        start_detector_enable: bool = True,
+        detect_interval: float = 2.0,
+        detect_timeout: float = 0.2,
+        route_refresh_interval: float = 30.0,
+        max_message_size: int = 4 * 1024 * 1024,
+        linger_ms: float = 5.0,
+        batch_max_messages: int = 256,
+        batch_max_bytes: int = 1 << 20,
+        max_buffered_messages: int = 100_000,
+        access_key: str | None = None,
+        secret_key: str | None = None,
+        **options: Any,
+    ) -> None:
+        super().__init__(
+            namesrv,
+            ThreadLocalIndex,
+            dict(
+                send_timeout=send_timeout,
+                retry_times=retry_times,
+                send_latency_fault_enable=send_latency_fault_enable,
+                start_detector_enable=start_detector_enable,
+                detect_interval=detect_interval,
+                detect_timeout=detect_timeout,
+                route_refresh_interval=route_refresh_interval,
+                max_message_size=max_message_size,
+                linger_ms=linger_ms,
+                batch_max_messages=batch_max_messages,
+                batch_max_bytes=batch_max_bytes,
+                max_buffered_messages=max_buffered_messages,
+                access_key=access_key,
+                secret_key=secret_key,
+                **options,
+            ),
+        )
         cfg = self._cfg
-        self._http = SyncHttp(content_type=self._core.content_type,
-                              credentials=self._credentials, verify=cfg.verify, direct=True)
+        self._http = SyncHttp(
+            content_type=self._core.content_type,
+            credentials=self._credentials,
+            verify=cfg.verify,
+            direct=True,
+        )
         self._ns = NameServerClient(cfg.namesrv, timeout=cfg.namesrv_timeout, verify=cfg.verify)
         self._bg = Background(self._core, cfg)
         self._lock = threading.Lock()
@@ -71,13 +99,22 @@ class Producer(ProducerBase):
         if self._pool is None:
             with self._lock:
                 if self._pool is None:
-                    self._pool = ThreadPoolExecutor(self._cfg.max_concurrency,
-                                                    thread_name_prefix="qclient-batch")
+                    self._pool = ThreadPoolExecutor(
+                        self._cfg.max_concurrency, thread_name_prefix="qclient-batch"
+                    )
         return self._pool
 
-    def _send_one(self, topic: str, body: bytes | str, key: str | None, tags: str | None,
-                  properties: dict[str, str] | None, delay: Any, deliver_at: Any,
-                  msg_id: str | None) -> SendResult:
+    def _send_one(
+        self,
+        topic: str,
+        body: bytes | str,
+        key: str | None,
+        tags: str | None,
+        properties: dict[str, str] | None,
+        delay: Any,
+        deliver_at: Any,
+        msg_id: str | None,
+    ) -> SendResult:
         self._check_open()
         wire = self._core.wire(topic, body, key, tags, properties, delay, deliver_at, msg_id)
         item = Item(0, wire, self._info(topic), pinned=msg_id is not None)
@@ -88,17 +125,31 @@ class Producer(ProducerBase):
 
     # --- the API -------------------------------------------------------------------
 
-    def send(self, topic: str, body: bytes | str, *, key: str | None = None,
-             tags: str | None = None, properties: dict[str, str] | None = None,
-             msg_id: str | None = None) -> SendResult:
+    def send(
+        self,
+        topic: str,
+        body: bytes | str,
+        *,
+        key: str | None = None,
+        tags: str | None = None,
+        properties: dict[str, str] | None = None,
+        msg_id: str | None = None,
+    ) -> SendResult:
         """Send for immediate delivery; returns once the broker made it durable."""
         return self._send_one(topic, body, key, tags, properties, None, None, msg_id)
 
-    def send_delayed(self, topic: str, body: bytes | str, *,
-                     delay: float | timedelta | None = None,
-                     deliver_at: datetime | float | None = None, key: str | None = None,
-                     tags: str | None = None, properties: dict[str, str] | None = None,
-                     msg_id: str | None = None) -> SendResult:
+    def send_delayed(
+        self,
+        topic: str,
+        body: bytes | str,
+        *,
+        delay: float | timedelta | None = None,
+        deliver_at: datetime | float | None = None,
+        key: str | None = None,
+        tags: str | None = None,
+        properties: dict[str, str] | None = None,
+        msg_id: str | None = None,
+    ) -> SendResult:
         """Send for delivery after ``delay`` or at ``deliver_at`` (exactly one)."""
         if (delay is None) == (deliver_at is None):
             raise InvalidMessageError("send_delayed needs exactly one of delay and deliver_at")
@@ -117,10 +168,11 @@ class Producer(ProducerBase):
         for w in wires:
             if w.topic not in infos:
                 infos[w.topic] = self._info(w.topic)
-        items = [Item(i, w, infos[w.topic], None, m.msg_id is not None)
-                 for i, (w, m) in enumerate(zip(wires, msgs, strict=True))]
-        results = run_sync(self._core.plan_send(items), self._http, self._executor,
-                           self._slots)
+        items = [
+            Item(i, w, infos[w.topic], None, m.msg_id is not None)
+            for i, (w, m) in enumerate(zip(wires, msgs, strict=True))
+        ]
+        results = run_sync(self._core.plan_send(items), self._http, self._executor, self._slots)
         return batch_outcome(results)
 
     def send_async(self, message: Message) -> Future[SendResult]:
@@ -141,8 +193,9 @@ class Producer(ProducerBase):
                 sender = self._sender
         future: Future[SendResult] = SendFuture(sender.condition)
         wire.queue_id = queue.queue_id
-        sender.accumulator.append(Item(0, wire, info, queue, pinned), future, queue.broker_name,
-                                  self._cfg.send_timeout)
+        sender.accumulator.append(
+            Item(0, wire, info, queue, pinned), future, queue.broker_name, self._cfg.send_timeout
+        )
         return future
 
     def cancel(self, result: SendResult) -> bool:
@@ -152,8 +205,9 @@ class Producer(ProducerBase):
         if addr is None and result.topic:
             addr = self._info(result.topic).broker_addrs.get(result.broker_name)
         if addr is None:
-            raise BrokerUnavailableError(f"broker {result.broker_name} is in no known route",
-                                         broker_name=result.broker_name)
+            raise BrokerUnavailableError(
+                f"broker {result.broker_name} is in no known route", broker_name=result.broker_name
+            )
         return bool(run_sync(self._core.plan_cancel(result, addr), self._http))
 
     def flush(self, timeout: float | None = None) -> None:

@@ -26,8 +26,11 @@ __all__ = ["Sender", "settle"]
 log = logging.getLogger(__name__)
 
 
-def settle(futures: list[Future[SendResult]], results: list[SendResult | BaseException],
-           condition: threading.Condition | None = None) -> None:
+def settle(
+    futures: list[Future[SendResult]],
+    results: list[SendResult | BaseException],
+    condition: threading.Condition | None = None,
+) -> None:
     """Complete each future with its result; a future the caller cancelled is skipped.
     ``condition``: the one the futures share (``SendFuture``), to complete them at once."""
     settle_many(condition or threading.Condition(), futures, results)
@@ -36,8 +39,9 @@ def settle(futures: list[Future[SendResult]], results: list[SendResult | BaseExc
 class Sender:
     """Owns the sender thread, its event loop and its ``httpx.AsyncClient``."""
 
-    def __init__(self, core: ProducerCore, cfg: ProducerConfig,
-                 credentials: Credentials | None) -> None:
+    def __init__(
+        self, core: ProducerCore, cfg: ProducerConfig, credentials: Credentials | None
+    ) -> None:
         self.core = core
         self.cfg = cfg
         self._credentials = credentials
@@ -79,8 +83,9 @@ class Sender:
             self.wakeup()
             self._thread.join(self.cfg.send_timeout + 5.0)
         for batch in self.accumulator.take_all():  # only if the loop could not
-            self._finish(batch, [ProducerClosedError("producer closed before sending")]
-                         * len(batch.items))
+            self._finish(
+                batch, [ProducerClosedError("producer closed before sending")] * len(batch.items)
+            )
         self._completions.shutdown(wait=True)
 
     # --- the loop ------------------------------------------------------------------
@@ -96,8 +101,11 @@ class Sender:
     async def _main(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._event = asyncio.Event()
-        http = AioHttp(content_type=self.core.content_type, credentials=self._credentials,
-                       verify=self.cfg.verify)
+        http = AioHttp(
+            content_type=self.core.content_type,
+            credentials=self._credentials,
+            verify=self.cfg.verify,
+        )
         self._http = http
         self._slots = AsyncSlots(self.cfg.max_in_flight_per_broker)
         self._ready.set()
@@ -107,8 +115,9 @@ class Sender:
                 self._wake_pending = False
                 self._event.clear()
                 now = time.monotonic()
-                batches, next_due = acc.drain(now, self._in_flight,
-                                              self.cfg.max_in_flight_per_broker)
+                batches, next_due = acc.drain(
+                    now, self._in_flight, self.cfg.max_in_flight_per_broker
+                )
                 for b in batches:
                     task = asyncio.create_task(self._send(b))
                     self._tasks.add(task)
@@ -124,8 +133,10 @@ class Sender:
             if self._tasks:
                 await asyncio.gather(*self._tasks, return_exceptions=True)
             for batch in acc.take_all():
-                self._finish(batch, [ProducerClosedError("producer closed before sending")]
-                             * len(batch.items))
+                self._finish(
+                    batch,
+                    [ProducerClosedError("producer closed before sending")] * len(batch.items),
+                )
             await http.aclose()
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
@@ -136,8 +147,9 @@ class Sender:
     async def _send(self, batch: ProducerBatch) -> None:
         results: list[Any]
         try:
-            results = await run_async(self.core.plan_send(batch.items, one_chunk=True),
-                                      self._http, self._slots)
+            results = await run_async(
+                self.core.plan_send(batch.items, one_chunk=True), self._http, self._slots
+            )
         except asyncio.CancelledError:
             results = [ProducerClosedError("producer closed while sending")] * len(batch.items)
         except Exception as exc:  # a bug must still settle the futures

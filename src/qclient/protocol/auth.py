@@ -26,14 +26,22 @@ def string_to_sign(method: str, path: str, body: bytes, timestamp_ms: int, nonce
     return f"{method.upper()}\n{path}\n{digest}\n{timestamp_ms}\n{nonce}".encode()
 
 
-def signature(secret_key: str, method: str, path: str, body: bytes, timestamp_ms: int,
-              nonce: str) -> str:
+def signature(
+    secret_key: str, method: str, path: str, body: bytes, timestamp_ms: int, nonce: str
+) -> str:
     msg = string_to_sign(method, path, body, timestamp_ms, nonce)
     return hmac.new(secret_key.encode(), msg, hashlib.sha256).hexdigest()
 
 
-def sign_headers(access_key: str, secret_key: str, method: str, path: str, body: bytes,
-                 *, now_ms: int | None = None) -> dict[str, str]:
+def sign_headers(
+    access_key: str,
+    secret_key: str,
+    method: str,
+    path: str,
+    body: bytes,
+    *,
+    now_ms: int | None = None,
+) -> dict[str, str]:
     """Headers that authenticate one request."""
     ts = int(time.time() * 1000) if now_ms is None else now_ms
     nonce = os.urandom(12).hex()

@@ -288,9 +288,7 @@ def decode(data: bytes, typ: type[T], content_type: str = JSON) -> T:
     key = (typ, MSGPACK if content_type.startswith(MSGPACK) else JSON)
     dec = _decoders.get(key)
     if dec is None:
-        dec = (
-            msgspec.msgpack.Decoder(typ) if key[1] == MSGPACK else msgspec.json.Decoder(typ)
-        )
+        dec = msgspec.msgpack.Decoder(typ) if key[1] == MSGPACK else msgspec.json.Decoder(typ)
         _decoders[key] = dec
     result: T = dec.decode(data)
     return result

@@ -74,13 +74,16 @@ class _NameServerCore:
             raise _NotFound(message)
         raise RuntimeError(f"HTTP {resp.status} {code}: {message}")
 
-    def failure(self, what: str, errors: list[str], not_found: bool,
-                topic: str | None = None) -> Exception:
+    def failure(
+        self, what: str, errors: list[str], not_found: bool, topic: str | None = None
+    ) -> Exception:
         asked = ", ".join(self.addrs)
         if not_found and topic is not None:
             return RouteNotFoundError(
                 f"no route for topic {topic!r}: unknown to the name servers asked ({asked})",
-                topic=topic, namesrv=self.addrs)
+                topic=topic,
+                namesrv=self.addrs,
+            )
         detail = "; ".join(errors)
         return NameServerUnavailableError(f"{what}: no name server answered ({detail})")
 
@@ -91,8 +94,14 @@ _RETRY_NEXT = (httpx.HTTPError, msgspec.DecodeError, msgspec.ValidationError, Ru
 class NameServerClient:
     """Blocking name-server client. ``NameServerClient("h:p,h2:p2", timeout=3.0)``."""
 
-    def __init__(self, addrs: str | Sequence[str], *, timeout: float = 3.0,
-                 verify: bool | str = True, http: SyncHttp | None = None) -> None:
+    def __init__(
+        self,
+        addrs: str | Sequence[str],
+        *,
+        timeout: float = 3.0,
+        verify: bool | str = True,
+        http: SyncHttp | None = None,
+    ) -> None:
         self._core = _NameServerCore(addrs, timeout)
         self._own_http = http is None
         self._http = http or SyncHttp(content_type=MSGPACK, verify=verify)
@@ -149,8 +158,14 @@ class NameServerClient:
 class AsyncNameServerClient:
     """asyncio flavour of ``NameServerClient``."""
 
-    def __init__(self, addrs: str | Sequence[str], *, timeout: float = 3.0,
-                 verify: bool | str = True, http: AsyncHttp | None = None) -> None:
+    def __init__(
+        self,
+        addrs: str | Sequence[str],
+        *,
+        timeout: float = 3.0,
+        verify: bool | str = True,
+        http: AsyncHttp | None = None,
+    ) -> None:
         self._core = _NameServerCore(addrs, timeout)
         self._own_http = http is None
         self._http = http or AsyncHttp(content_type=MSGPACK, verify=verify)
@@ -179,8 +194,9 @@ class AsyncNameServerClient:
         raise self._core.failure(what, errors, not_found, topic)
 
     async def get_route(self, topic: str) -> TopicRoute:
-        return await self._get(self._core.route_path(topic), TopicRoute,
-                               f"route of {topic!r}", topic)
+        return await self._get(
+            self._core.route_path(topic), TopicRoute, f"route of {topic!r}", topic
+        )
 
     async def list_brokers(self) -> BrokerList:
         return await self._get(NAMESRV_BROKERS, BrokerList, "list brokers")

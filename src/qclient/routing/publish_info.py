@@ -41,8 +41,11 @@ class TopicPublishInfo:
     @classmethod
     def from_route(cls, topic: str, route: TopicRoute, index: Any = None) -> TopicPublishInfo:
         """RocketMQ's ``topicRouteData2TopicPublishInfo`` for a normal topic."""
-        masters = {bd.broker_name: bd.addrs[MASTER_ID] for bd in route.broker_datas
-                   if MASTER_ID in bd.addrs}
+        masters = {
+            bd.broker_name: bd.addrs[MASTER_ID]
+            for bd in route.broker_datas
+            if MASTER_ID in bd.addrs
+        }
         queues: list[MessageQueue] = []
         by_broker: dict[str, tuple[MessageQueue, ...]] = {}
         for qd in sorted(route.queue_datas, key=lambda q: q.broker_name):
@@ -52,8 +55,14 @@ class TopicPublishInfo:
             by_broker[qd.broker_name] = by_broker.get(qd.broker_name, ()) + mqs
             queues.extend(mqs)
         addrs = {name: masters[name] for name in by_broker}
-        return cls(topic=topic, queues=tuple(queues), broker_addrs=addrs, route=route,
-                   index=index, by_broker=by_broker)
+        return cls(
+            topic=topic,
+            queues=tuple(queues),
+            broker_addrs=addrs,
+            route=route,
+            index=index,
+            by_broker=by_broker,
+        )
 
     def ok(self) -> bool:
         return bool(self.queues)

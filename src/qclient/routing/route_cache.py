@@ -32,15 +32,22 @@ class RouteCache:
     is down, sends go on with the last good route.
     """
 
-    def __init__(self, refresh_interval: float, index_factory: Callable[[], Any],
-                 *, maxsize: int = 4096, timer: Callable[[], float] = time.monotonic,
-                 recheck_interval: float = 5.0) -> None:
+    def __init__(
+        self,
+        refresh_interval: float,
+        index_factory: Callable[[], Any],
+        *,
+        maxsize: int = 4096,
+        timer: Callable[[], float] = time.monotonic,
+        recheck_interval: float = 5.0,
+    ) -> None:
         self.refresh_interval = refresh_interval
         self.recheck_interval = min(recheck_interval, refresh_interval)
         self._index_factory = index_factory
         self._timer = timer
         self._fresh: TLRUCache[str, TopicPublishInfo] = TLRUCache(
-            maxsize, ttu=lambda _topic, info, _now: info.fresh_until, timer=timer)
+            maxsize, ttu=lambda _topic, info, _now: info.fresh_until, timer=timer
+        )
         self._last_good: dict[str, TopicPublishInfo] = {}
         self._addrs: dict[str, str] = {}
         self._lock = threading.Lock()
@@ -74,10 +81,18 @@ class RouteCache:
             lost: dict[str, float] = {}
             if old is not None:
                 if old.queues != info.queues:
-                    log.info("route of %s changed: %d -> %d queues on %s", topic,
-                             len(old.queues), len(info.queues), info.brokers)
-                lost = {b: t for b, t in old.lost.items()
-                        if b not in info.by_broker and now - t < _LOST_WATCH}
+                    log.info(
+                        "route of %s changed: %d -> %d queues on %s",
+                        topic,
+                        len(old.queues),
+                        len(info.queues),
+                        info.brokers,
+                    )
+                lost = {
+                    b: t
+                    for b, t in old.lost.items()
+                    if b not in info.by_broker and now - t < _LOST_WATCH
+                }
                 lost.update((b, now) for b in old.by_broker if b not in info.by_broker)
             # while brokers are missing, look again soon so one that returns gets traffic
             info.lost = lost

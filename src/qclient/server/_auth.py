@@ -55,8 +55,12 @@ OPEN_PATHS = frozenset({wire.HEALTH})
 _PATTERN_RE = re.compile(r"^[A-Za-z0-9_%|*-]{1,127}$")
 _NONCE_RE = re.compile(r"^[\x21-\x7e]{8,64}$")
 _ACCESS_KEY_RE = re.compile(r"^[\x21-\x7e]{1,128}$")
-_REQUIRED = (auth.HEADER_ACCESS_KEY, auth.HEADER_TIMESTAMP, auth.HEADER_NONCE,
-             auth.HEADER_SIGNATURE)
+_REQUIRED = (
+    auth.HEADER_ACCESS_KEY,
+    auth.HEADER_TIMESTAMP,
+    auth.HEADER_NONCE,
+    auth.HEADER_SIGNATURE,
+)
 #: at most one refusal log line per reason this often (a flood must not flood the log)
 _LOG_EVERY_S = 10.0
 
@@ -69,8 +73,9 @@ def _compile(patterns: Sequence[str]) -> re.Pattern[str]:
     """One regex for a list of topic patterns; only ``*`` is special."""
     if not patterns:
         return re.compile(r"(?!)")  # matches nothing
-    alternatives = "|".join(".*".join(re.escape(part) for part in pat.split("*"))
-                            for pat in patterns)
+    alternatives = "|".join(
+        ".*".join(re.escape(part) for part in pat.split("*")) for pat in patterns
+    )
     return re.compile(f"(?:{alternatives})\\Z")
 
 
@@ -101,8 +106,9 @@ def _str_field(entry: Mapping[str, Any], key: str, where: str) -> str:
 def _account(entry: Any, where: str, *, with_topics: bool) -> Account:
     if not isinstance(entry, dict):
         raise AuthFileError(f"{where} must be an object")
-    allowed = {"access_key", "secret_key", "topics"} if with_topics else {"access_key",
-                                                                          "secret_key"}
+    allowed = (
+        {"access_key", "secret_key", "topics"} if with_topics else {"access_key", "secret_key"}
+    )
     unknown = set(entry) - allowed
     if unknown:
         raise AuthFileError(f"{where} has unknown field(s): {', '.join(sorted(unknown))}")
@@ -117,8 +123,10 @@ def _account(entry: Any, where: str, *, with_topics: bool) -> Account:
             raise AuthFileError(f"{where}.topics must be a list of topic names or patterns")
         for t in raw:
             if not _PATTERN_RE.match(t):
-                raise AuthFileError(f"{where}.topics: {t[:140]!r} is not a topic name or "
-                                    "pattern (topic characters and '*')")
+                raise AuthFileError(
+                    f"{where}.topics: {t[:140]!r} is not a topic name or "
+                    "pattern (topic characters and '*')"
+                )
         topics = tuple(raw)
     return Account(access_key, secret_key, topics)
 
@@ -133,17 +141,19 @@ class AuthFile:
     @classmethod
     def parse(cls, data: Any) -> AuthFile:
         if not isinstance(data, dict):
-            raise AuthFileError("the auth file must hold a JSON object with \"accounts\"")
+            raise AuthFileError('the auth file must hold a JSON object with "accounts"')
         unknown = set(data) - {"accounts", "broker"}
         if unknown:
             raise AuthFileError(f"unknown top-level field(s): {', '.join(sorted(unknown))}")
         raw = data.get("accounts")
         if not isinstance(raw, list) or not raw:
-            raise AuthFileError("\"accounts\" must be a non-empty list")
-        accounts = tuple(_account(e, f"accounts[{i}]", with_topics=True)
-                         for i, e in enumerate(raw))
-        broker = (_account(data["broker"], "broker", with_topics=False)
-                  if data.get("broker") is not None else None)
+            raise AuthFileError('"accounts" must be a non-empty list')
+        accounts = tuple(_account(e, f"accounts[{i}]", with_topics=True) for i, e in enumerate(raw))
+        broker = (
+            _account(data["broker"], "broker", with_topics=False)
+            if data.get("broker") is not None
+            else None
+        )
         keys = [a.access_key for a in accounts] + ([broker.access_key] if broker else [])
         dupes = sorted({k for k in keys if keys.count(k) > 1})
         if dupes:
@@ -171,13 +181,20 @@ class AuthFile:
 class Authorizer:
     """Checks signed requests against the accounts of an auth file."""
 
-    def __init__(self, accounts: Iterable[Account], *, broker: Account | None = None,
-                 max_skew_ms: int = auth.DEFAULT_MAX_SKEW_MS, max_nonces: int = 500_000,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        accounts: Iterable[Account],
+        *,
+        broker: Account | None = None,
+        max_skew_ms: int = auth.DEFAULT_MAX_SKEW_MS,
+        max_nonces: int = 500_000,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.accounts: dict[str, Account] = {a.access_key: a for a in accounts}
         self.broker = broker
-        self._secrets = frozenset(a.secret_key for a in (*self.accounts.values(), broker)
-                                  if a is not None)
+        self._secrets = frozenset(
+            a.secret_key for a in (*self.accounts.values(), broker) if a is not None
+        )
         self.max_skew_ms = max_skew_ms
         self.max_nonces = max_nonces
         self._clock = clock
@@ -186,7 +203,8 @@ class Authorizer:
         # the first 64 bits of its signature (unique per secret, request, timestamp and
         # nonce; ~256 bytes an entry in all, so 500k entries stay near 128 MB).
         self._nonces: TTLCache[int, bool] = TTLCache(
-            maxsize=max_nonces, ttl=2 * max_skew_ms / 1000, timer=time.monotonic)
+            maxsize=max_nonces, ttl=2 * max_skew_ms / 1000, timer=time.monotonic
+        )
         self.refused: dict[str, int] = {}
         self._logged_at: dict[str, float] = {}
 
@@ -206,9 +224,14 @@ class Authorizer:
         now = time.monotonic()
         if now - self._logged_at.get(reason, -_LOG_EVERY_S) >= _LOG_EVERY_S:
             self._logged_at[reason] = now
-            log.warning("refused %s %s from %s: %s (%d so far for this reason)",
-                        request.method, request.path, request.remote, message,
-                        self.refused[reason])
+            log.warning(
+                "refused %s %s from %s: %s (%d so far for this reason)",
+                request.method,
+                request.path,
+                request.remote,
+                message,
+                self.refused[reason],
+            )
         code = ErrorCode.FORBIDDEN if status == 403 else ErrorCode.UNAUTHORIZED
         return ApiError(status, code, message)
 
@@ -216,57 +239,86 @@ class Authorizer:
         """Who may register brokers with a name server: the ``broker`` entry, or everyone."""
         return {self.broker.access_key: self.broker} if self.broker else self.accounts
 
-    async def verify(self, request: web.Request,
-                     accounts: Mapping[str, Account] | None = None) -> Account:
+    async def verify(
+        self, request: web.Request, accounts: Mapping[str, Account] | None = None
+    ) -> Account:
         """The account (of ``accounts``, default: the file's accounts) that signed
         ``request``; raises a 401 :class:`ApiError` otherwise."""
         headers = request.headers
         missing = [h for h in _REQUIRED if not headers.get(h)]
         if missing:
-            raise self._refuse(request, 401, "missing", "missing signature: the request has "
-                               f"no {', '.join(missing)} header (give access_key/secret_key)")
+            raise self._refuse(
+                request,
+                401,
+                "missing",
+                "missing signature: the request has "
+                f"no {', '.join(missing)} header (give access_key/secret_key)",
+            )
         access_key = headers[auth.HEADER_ACCESS_KEY]
         account = (self.accounts if accounts is None else accounts).get(access_key)
         if account is None:
             # Echo the key only when it is well-formed and not some account's secret
             # (keys and secrets swapped by mistake must not end up in the log).
-            shown = (access_key[:64] if _ACCESS_KEY_RE.match(access_key)
-                     and access_key not in self._secrets else "(not shown)")
+            shown = (
+                access_key[:64]
+                if _ACCESS_KEY_RE.match(access_key) and access_key not in self._secrets
+                else "(not shown)"
+            )
             raise self._refuse(request, 401, "unknown_key", f"unknown access key {shown!r}")
         ts_text = headers[auth.HEADER_TIMESTAMP]
         if not ts_text.isascii() or not ts_text.isdigit() or len(ts_text) > 16:
-            raise self._refuse(request, 401, "bad_timestamp",
-                               "malformed timestamp: X-QC-Timestamp must be epoch milliseconds")
+            raise self._refuse(
+                request,
+                401,
+                "bad_timestamp",
+                "malformed timestamp: X-QC-Timestamp must be epoch milliseconds",
+            )
         timestamp_ms = int(ts_text)
         skew_ms = int(self._clock() * 1000) - timestamp_ms
         if abs(skew_ms) > self.max_skew_ms:
             when = "ago" if skew_ms > 0 else "in the future"
-            raise self._refuse(request, 401, "expired",
-                               f"expired timestamp: the request was signed "
-                               f"{abs(skew_ms) / 1000:.0f} s {when}, the window is "
-                               f"{self.max_skew_ms / 1000:.0f} s (check the clocks)")
+            raise self._refuse(
+                request,
+                401,
+                "expired",
+                f"expired timestamp: the request was signed "
+                f"{abs(skew_ms) / 1000:.0f} s {when}, the window is "
+                f"{self.max_skew_ms / 1000:.0f} s (check the clocks)",
+            )
         nonce = headers[auth.HEADER_NONCE]
         if not _NONCE_RE.match(nonce):
-            raise self._refuse(request, 401, "bad_nonce",
-                               "malformed nonce: X-QC-Nonce must be 8-64 printable characters")
+            raise self._refuse(
+                request,
+                401,
+                "bad_nonce",
+                "malformed nonce: X-QC-Nonce must be 8-64 printable characters",
+            )
         body = await request.read()  # bounded by the app's client_max_size
-        expected = auth.signature(account.secret_key, request.method, request.path, body,
-                                  timestamp_ms, nonce)
+        expected = auth.signature(
+            account.secret_key, request.method, request.path, body, timestamp_ms, nonce
+        )
         given = headers[auth.HEADER_SIGNATURE]
         if not given.isascii() or not auth.signatures_match(expected, given):
-            raise self._refuse(request, 401, "bad_signature",
-                               "bad signature: wrong secret key, or the request was altered "
-                               "after signing")
+            raise self._refuse(
+                request,
+                401,
+                "bad_signature",
+                "bad signature: wrong secret key, or the request was altered after signing",
+            )
         key = int(given[:16], 16)  # (hex: checked by the comparison above)
         self._nonces.expire()
         if key in self._nonces:
-            raise self._refuse(request, 401, "replayed",
-                               "replayed nonce: this signed request was already received")
+            raise self._refuse(
+                request, 401, "replayed", "replayed nonce: this signed request was already received"
+            )
         if len(self._nonces) >= self.max_nonces:
             # Evicting a live nonce would reopen the replay window: refuse instead.
             self.refused["nonce_cache_full"] = self.refused.get("nonce_cache_full", 0) + 1
-            raise ApiError(503, ErrorCode.BROKER_BUSY,
-                           "too many signed requests inside the replay window; retry later")
+            raise ApiError(
+                503,
+                ErrorCode.BROKER_BUSY,
+                "too many signed requests inside the replay window; retry later",
+            )
         self._nonces[key] = True
         return account
 
@@ -279,18 +331,29 @@ class Authorizer:
         if denied:
             shown = ", ".join(repr(t) for t in denied[:5])
             more = f" and {len(denied) - 5} more" if len(denied) > 5 else ""
-            raise self._refuse(request, 403, "forbidden",
-                               f"topic not allowed: access key {account.access_key!r} may not "
-                               f"use topic {shown}{more}")
+            raise self._refuse(
+                request,
+                403,
+                "forbidden",
+                f"topic not allowed: access key {account.access_key!r} may not "
+                f"use topic {shown}{more}",
+            )
 
     def stats(self) -> dict[str, Any]:
         """Counters without secrets: accounts, refusals by reason, nonces remembered."""
-        return {"accounts": len(self.accounts), "refused": dict(self.refused),
-                "nonces": len(self._nonces)}
+        return {
+            "accounts": len(self.accounts),
+            "refused": dict(self.refused),
+            "nonces": len(self._nonces),
+        }
 
 
-def auth_middleware(authorizer: Authorizer, *, paths: Iterable[str] | None = None,
-                    accounts: Mapping[str, Account] | None = None) -> Any:
+def auth_middleware(
+    authorizer: Authorizer,
+    *,
+    paths: Iterable[str] | None = None,
+    accounts: Mapping[str, Account] | None = None,
+) -> Any:
     """aiohttp middleware: every request except ``/health`` must be signed.
 
     ``paths`` limits the check to those paths (the name server's write endpoints);
@@ -316,8 +379,9 @@ def load_signing_credentials(path: str | Path) -> tuple[str, str]:
     return account.access_key, account.secret_key
 
 
-def heartbeat_signer(access_key: str, secret_key: str) -> Callable[[str, str, bytes],
-                                                                   dict[str, str]]:
+def heartbeat_signer(
+    access_key: str, secret_key: str
+) -> Callable[[str, str, bytes], dict[str, str]]:
     """A ``sign(method, path, body) -> headers`` callable for the broker's heartbeat."""
 
     def sign(method: str, path: str, body: bytes) -> dict[str, str]:

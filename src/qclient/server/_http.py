@@ -43,8 +43,9 @@ def _one_line(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def error_response(status: int, code: str, message: str, content_type: str = wire.JSON
-                   ) -> web.Response:
+def error_response(
+    status: int, code: str, message: str, content_type: str = wire.JSON
+) -> web.Response:
     body = wire.ErrorResponse(wire.ErrorBody(code=code, message=_one_line(message)))
     ct = wire.MSGPACK if content_type == wire.MSGPACK else wire.JSON
     return web.Response(status=status, body=wire.encode(body, ct), content_type=ct)
@@ -63,8 +64,11 @@ async def read_body(request: web.Request, typ: type[T]) -> T:
     """Read and schema-check a JSON or MessagePack body."""
     ct = request.content_type
     if ct not in (wire.JSON, wire.MSGPACK):
-        raise ApiError(415, ErrorCode.UNSUPPORTED_MEDIA_TYPE,
-                       f"Content-Type must be {wire.JSON} or {wire.MSGPACK}, got {ct!r}")
+        raise ApiError(
+            415,
+            ErrorCode.UNSUPPORTED_MEDIA_TYPE,
+            f"Content-Type must be {wire.JSON} or {wire.MSGPACK}, got {ct!r}",
+        )
     data = await request.read()
     if not data:
         raise ApiError(400, ErrorCode.INVALID_REQUEST, "empty request body")
@@ -126,15 +130,20 @@ def ssl_context(cert: str | None, key: str | None) -> ssl.SSLContext | None:
     return ctx
 
 
-async def serve(app: web.Application, host: str, port: int, *,
-                ssl_ctx: ssl.SSLContext | None = None, ready_file: str | None = None,
-                on_ready: Callable[[str], Awaitable[None]] | None = None,
-                exit_with_parent: int | None = None) -> None:
+async def serve(
+    app: web.Application,
+    host: str,
+    port: int,
+    *,
+    ssl_ctx: ssl.SSLContext | None = None,
+    ready_file: str | None = None,
+    on_ready: Callable[[str], Awaitable[None]] | None = None,
+    exit_with_parent: int | None = None,
+) -> None:
     """Serve until SIGTERM/SIGINT. Announces the bound address (port 0 = a free one)."""
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, ssl_context=ssl_ctx, backlog=1024,
-                       reuse_address=True)
+    site = web.TCPSite(runner, host, port, ssl_context=ssl_ctx, backlog=1024, reuse_address=True)
     await site.start()
     server = site._server
     sockets = getattr(server, "sockets", None) or []

@@ -39,15 +39,19 @@ class Outcome(enum.Enum):
     FINAL = "final"  # the answer will not change (bad input, auth): no isolation, no retry
 
 
-_INVALID = {ErrorCode.INVALID_REQUEST, ErrorCode.INVALID_TOPIC, ErrorCode.INVALID_MESSAGE,
-            ErrorCode.INVALID_DELAY}
-_TOO_LARGE = {ErrorCode.MESSAGE_TOO_LARGE, ErrorCode.BATCH_TOO_LARGE,
-              ErrorCode.PAYLOAD_TOO_LARGE}
+_INVALID = {
+    ErrorCode.INVALID_REQUEST,
+    ErrorCode.INVALID_TOPIC,
+    ErrorCode.INVALID_MESSAGE,
+    ErrorCode.INVALID_DELAY,
+}
+_TOO_LARGE = {ErrorCode.MESSAGE_TOO_LARGE, ErrorCode.BATCH_TOO_LARGE, ErrorCode.PAYLOAD_TOO_LARGE}
 _AUTH = {ErrorCode.UNAUTHORIZED, ErrorCode.FORBIDDEN}
 
 
-def error_for_code(code: str, message: str, *, broker: str | None, topic: str = "",
-                   status: int | None = None) -> QClientError:
+def error_for_code(
+    code: str, message: str, *, broker: str | None, topic: str = "", status: int | None = None
+) -> QClientError:
     """The typed error for a broker error code."""
     text = f"broker {broker}: {code}: {message}" if broker else f"{code}: {message}"
     if code in _AUTH:
@@ -92,24 +96,30 @@ def response_outcome(code: str, status: int) -> Outcome:
     return Outcome.FINAL
 
 
-def classify_exception(exc: BaseException, *, broker: str | None,
-                       timeout: float) -> tuple[Outcome, QClientError]:
+def classify_exception(
+    exc: BaseException, *, broker: str | None, timeout: float
+) -> tuple[Outcome, QClientError]:
     """Outcome and typed error of an exception raised by an HTTP call."""
     where = f"broker {broker}" if broker else "server"
     if isinstance(exc, httpx.PoolTimeout):
         # our own connection pool was exhausted: says nothing about the broker
         return Outcome.CLIENT, SendTimeoutError(
-            f"no free connection to {where} within {timeout:.3f}s (client pool exhausted)")
+            f"no free connection to {where} within {timeout:.3f}s (client pool exhausted)"
+        )
     if isinstance(exc, httpx.TimeoutException):
         return Outcome.TRANSPORT, SendTimeoutError(
-            f"{where} did not answer within {timeout:.3f}s ({type(exc).__name__})")
+            f"{where} did not answer within {timeout:.3f}s ({type(exc).__name__})"
+        )
     if isinstance(exc, httpx.LocalProtocolError | httpx.UnsupportedProtocol):
         return Outcome.CLIENT, BrokerUnavailableError(
-            f"request to {where} could not be made: {exc}", broker_name=broker)
+            f"request to {where} could not be made: {exc}", broker_name=broker
+        )
     if isinstance(exc, httpx.TransportError):
         return Outcome.TRANSPORT, BrokerUnavailableError(
-            f"{where} unreachable: {type(exc).__name__}: {exc}", broker_name=broker)
+            f"{where} unreachable: {type(exc).__name__}: {exc}", broker_name=broker
+        )
     if isinstance(exc, QClientError):
         return Outcome.FINAL, exc
     return Outcome.CLIENT, BrokerUnavailableError(
-        f"request to {where} failed: {type(exc).__name__}: {exc}", broker_name=broker)
+        f"request to {where} failed: {type(exc).__name__}: {exc}", broker_name=broker
+    )

@@ -79,13 +79,19 @@ MAX_CONNECTIONS = 64
 
 
 def _limits() -> httpx.Limits:
-    return httpx.Limits(max_connections=MAX_CONNECTIONS, max_keepalive_connections=32,
-                        keepalive_expiry=30)
+    return httpx.Limits(
+        max_connections=MAX_CONNECTIONS, max_keepalive_connections=32, keepalive_expiry=30
+    )
 
 
 class _Base:
-    def __init__(self, *, content_type: str = MSGPACK, credentials: Credentials | None = None,
-                 verify: bool | str = True) -> None:
+    def __init__(
+        self,
+        *,
+        content_type: str = MSGPACK,
+        credentials: Credentials | None = None,
+        verify: bool | str = True,
+    ) -> None:
         self.content_type = content_type
         self.credentials = credentials
         self.verify = verify
@@ -104,38 +110,55 @@ class _Base:
 class SyncHttp(_Base):
     """Blocking calls on one pooled ``httpx.Client`` (thread-safe)."""
 
-    def __init__(self, *, content_type: str = MSGPACK, credentials: Credentials | None = None,
-                 verify: bool | str = True, client: httpx.Client | None = None,
-                 direct: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        content_type: str = MSGPACK,
+        credentials: Credentials | None = None,
+        verify: bool | str = True,
+        client: httpx.Client | None = None,
+        direct: bool = False,
+    ) -> None:
         super().__init__(content_type=content_type, credentials=credentials, verify=verify)
         # trust_env=False: loopback and cluster traffic must not go through an env proxy
-        self._client = client or httpx.Client(limits=_limits(), verify=tls_verify(verify),
-                                              trust_env=False)
+        self._client = client or httpx.Client(
+            limits=_limits(), verify=tls_verify(verify), trust_env=False
+        )
         #: direct: requests go straight to an ``httpx.HTTPTransport`` (same pool, TLS and
         #: exceptions), skipping the client's per-request work the SDK does not use
         #: (cookies, auth flow, redirects, hooks): measured ~0.25 ms less CPU a request
         self._transport: httpx.HTTPTransport | None = None
         if direct and client is None:
-            self._transport = httpx.HTTPTransport(limits=_limits(), verify=tls_verify(verify),
-                                                  trust_env=False)
+            self._transport = httpx.HTTPTransport(
+                limits=_limits(), verify=tls_verify(verify), trust_env=False
+            )
 
-    def request(self, method: str, addr: str, path: str, body: bytes = b"", *,
-                timeout: float) -> HttpResponse:
+    def request(
+        self, method: str, addr: str, path: str, body: bytes = b"", *, timeout: float
+    ) -> HttpResponse:
         """One request; raises ``httpx.HTTPError`` subclasses on transport failure."""
         transport = self._transport
         if transport is not None:
-            req = httpx.Request(method, base_url(addr) + path, content=body or None,
-                                headers=self._headers(method, path, body),
-                                extensions={"timeout": _timeout(timeout).as_dict()})
+            req = httpx.Request(
+                method,
+                base_url(addr) + path,
+                content=body or None,
+                headers=self._headers(method, path, body),
+                extensions={"timeout": _timeout(timeout).as_dict()},
+            )
             resp = transport.handle_request(req)
             try:
                 content = resp.read()
             finally:
                 resp.close()
             return HttpResponse(resp.status_code, resp.headers.get("content-type", ""), content)
-        r = self._client.request(method, base_url(addr) + path, content=body or None,
-                                 headers=self._headers(method, path, body),
-                                 timeout=_timeout(timeout))
+        r = self._client.request(
+            method,
+            base_url(addr) + path,
+            content=body or None,
+            headers=self._headers(method, path, body),
+            timeout=_timeout(timeout),
+        )
         return HttpResponse(r.status_code, r.headers.get("content-type", ""), r.content)
 
     def close(self) -> None:
@@ -147,17 +170,29 @@ class SyncHttp(_Base):
 class AsyncHttp(_Base):
     """asyncio calls on one pooled ``httpx.AsyncClient``."""
 
-    def __init__(self, *, content_type: str = MSGPACK, credentials: Credentials | None = None,
-                 verify: bool | str = True, client: httpx.AsyncClient | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        content_type: str = MSGPACK,
+        credentials: Credentials | None = None,
+        verify: bool | str = True,
+        client: httpx.AsyncClient | None = None,
+    ) -> None:
         super().__init__(content_type=content_type, credentials=credentials, verify=verify)
-        self._client = client or httpx.AsyncClient(limits=_limits(), verify=tls_verify(verify),
-                                                   trust_env=False)
+        self._client = client or httpx.AsyncClient(
+            limits=_limits(), verify=tls_verify(verify), trust_env=False
+        )
 
-    async def request(self, method: str, addr: str, path: str, body: bytes = b"", *,
-                      timeout: float) -> HttpResponse:
-        r = await self._client.request(method, base_url(addr) + path, content=body or None,
-                                       headers=self._headers(method, path, body),
-                                       timeout=_timeout(timeout))
+    async def request(
+        self, method: str, addr: str, path: str, body: bytes = b"", *, timeout: float
+    ) -> HttpResponse:
+        r = await self._client.request(
+            method,
+            base_url(addr) + path,
+            content=body or None,
+            headers=self._headers(method, path, body),
+            timeout=_timeout(timeout),
+        )
         return HttpResponse(r.status_code, r.headers.get("content-type", ""), r.content)
 
     async def aclose(self) -> None:
@@ -171,8 +206,13 @@ class AioHttp(_Base):
     HTTP client's per-request CPU is most of the sender's (measured: ~3x less than
     ``httpx.AsyncClient`` per request). Create and use it on one running event loop."""
 
-    def __init__(self, *, content_type: str = MSGPACK, credentials: Credentials | None = None,
-                 verify: bool | str = True) -> None:
+    def __init__(
+        self,
+        *,
+        content_type: str = MSGPACK,
+        credentials: Credentials | None = None,
+        verify: bool | str = True,
+    ) -> None:
         super().__init__(content_type=content_type, credentials=credentials, verify=verify)
         import aiohttp  # the servers' stack; imported here so the sync SDK does not load it
 
@@ -182,23 +222,31 @@ class AioHttp(_Base):
             import certifi
 
             tls = ssl.create_default_context(cafile=certifi.where())
-        connector = aiohttp.TCPConnector(limit=MAX_CONNECTIONS, limit_per_host=0,
-                                         keepalive_timeout=30, ssl=tls)
+        connector = aiohttp.TCPConnector(
+            limit=MAX_CONNECTIONS, limit_per_host=0, keepalive_timeout=30, ssl=tls
+        )
         # trust_env=False: loopback and cluster traffic must not go through an env proxy
-        self._session = aiohttp.ClientSession(connector=connector, trust_env=False,
-                                              auto_decompress=False)
+        self._session = aiohttp.ClientSession(
+            connector=connector, trust_env=False, auto_decompress=False
+        )
 
-    async def request(self, method: str, addr: str, path: str, body: bytes = b"", *,
-                      timeout: float) -> HttpResponse:
+    async def request(
+        self, method: str, addr: str, path: str, body: bytes = b"", *, timeout: float
+    ) -> HttpResponse:
         """One request; raises ``httpx.HTTPError`` subclasses on transport failure."""
         aiohttp = self._aiohttp
         # one budget for each phase, as AsyncHttp's httpx.Timeout(seconds)
-        limits = aiohttp.ClientTimeout(total=None, connect=timeout, sock_connect=timeout,
-                                       sock_read=timeout)
+        limits = aiohttp.ClientTimeout(
+            total=None, connect=timeout, sock_connect=timeout, sock_read=timeout
+        )
         try:
-            async with self._session.request(method, base_url(addr) + path, data=body or None,
-                                             headers=self._headers(method, path, body),
-                                             timeout=limits) as r:
+            async with self._session.request(
+                method,
+                base_url(addr) + path,
+                data=body or None,
+                headers=self._headers(method, path, body),
+                timeout=limits,
+            ) as r:
                 content = await r.read()
                 return HttpResponse(r.status, r.headers.get("Content-Type", ""), content)
         except aiohttp.ConnectionTimeoutError as exc:

@@ -55,10 +55,10 @@ class Broker:
         self.topics = TopicRegistry(data_dir / "topics.json")
         # Minute buckets loaded 30 s ahead: the wheel then holds ~90 s of due messages
         # (QMQ's hour buckets would hold up to 90 min: hundreds of MB at 5k msgs/s).
-        tunables: dict[str, Any] = {"bucket_ms": 60_000, "load_ahead_ms": 30_000,
-                                    **config.store}
-        store_cfg = StoreConfig(data_dir=data_dir / "store",
-                                max_delay_ms=config.max_delay_ms, **tunables)
+        tunables: dict[str, Any] = {"bucket_ms": 60_000, "load_ahead_ms": 30_000, **config.store}
+        store_cfg = StoreConfig(
+            data_dir=data_dir / "store", max_delay_ms=config.max_delay_ms, **tunables
+        )
         self.store = DelayStore(store_cfg)
         self.perm = wire.PERM_READ if config.read_only else wire.PERM_READ_WRITE
         self.heartbeat: Heartbeat | None = None
@@ -83,16 +83,17 @@ class Broker:
             from .._auth import heartbeat_signer, load_signing_credentials
 
             sign = heartbeat_signer(*load_signing_credentials(self.config.auth_file))
-        ca = (ssl.create_default_context(cafile=self.config.tls_ca)
-              if self.config.tls_ca else None)  # issue 6
-        self.heartbeat = Heartbeat(self.config.namesrv, self.config.heartbeat_interval_ms,
-                                   self.registration, sign, ca)
+        ca = (
+            ssl.create_default_context(cafile=self.config.tls_ca) if self.config.tls_ca else None
+        )  # issue 6
+        self.heartbeat = Heartbeat(
+            self.config.namesrv, self.config.heartbeat_interval_ms, self.registration, sign, ca
+        )
         await self.heartbeat.start()
 
     async def stop(self) -> None:
         if self.heartbeat is not None:
-            await self.heartbeat.stop(wire.BrokerUnregistration(self.config.name,
-                                                                self.config.addr))
+            await self.heartbeat.stop(wire.BrokerUnregistration(self.config.name, self.config.addr))
         await asyncio.to_thread(self.store.close)
 
     def registration(self) -> wire.BrokerRegistration:
@@ -133,8 +134,9 @@ class Broker:
     def ensure_topic(self, topic: str) -> wire.TopicConfig | None:
         cfg = self.topics.get(topic)
         if cfg is None and self.config.auto_create_topics and not self.config.read_only:
-            cfg, changed = self.topics.put(topic, self.config.default_queue_nums,
-                                           wire.PERM_READ_WRITE)
+            cfg, changed = self.topics.put(
+                topic, self.config.default_queue_nums, wire.PERM_READ_WRITE
+            )
             if changed and self.heartbeat is not None:
                 self.heartbeat.kick()
         return cfg
@@ -145,47 +147,72 @@ class Broker:
         """Validate one message; returns its deliver time (broker clock for delay_ms)."""
         where = f"messages[{i}]"
         if not wire.valid_topic(m.topic):
-            raise ApiError(400, ErrorCode.INVALID_TOPIC,
-                           f"{where}.topic {m.topic[:140]!r} must match {wire.TOPIC_RE.pattern}")
+            raise ApiError(
+                400,
+                ErrorCode.INVALID_TOPIC,
+                f"{where}.topic {m.topic[:140]!r} must match {wire.TOPIC_RE.pattern}",
+            )
         if not MSG_ID_RE.match(m.msg_id):
-            raise ApiError(400, ErrorCode.INVALID_MESSAGE,
-                           f"{where}.msg_id must be 1-128 printable ASCII characters")
+            raise ApiError(
+                400,
+                ErrorCode.INVALID_MESSAGE,
+                f"{where}.msg_id must be 1-128 printable ASCII characters",
+            )
         if len(m.body) > self.config.max_message_size:
-            raise ApiError(413, ErrorCode.MESSAGE_TOO_LARGE,
-                           f"{where}.body is {len(m.body)} bytes, the limit is "
-                           f"{self.config.max_message_size}")
+            raise ApiError(
+                413,
+                ErrorCode.MESSAGE_TOO_LARGE,
+                f"{where}.body is {len(m.body)} bytes, the limit is {self.config.max_message_size}",
+            )
         if m.queue_id < 0 or m.queue_id >= MAX_QUEUES:
             raise ApiError(400, ErrorCode.INVALID_MESSAGE, f"{where}.queue_id out of range")
         if m.key is not None and len(m.key) > MAX_KEY_CHARS:
-            raise ApiError(400, ErrorCode.INVALID_MESSAGE,
-                           f"{where}.key longer than {MAX_KEY_CHARS} characters")
+            raise ApiError(
+                400,
+                ErrorCode.INVALID_MESSAGE,
+                f"{where}.key longer than {MAX_KEY_CHARS} characters",
+            )
         if m.tags is not None and len(m.tags) > MAX_TAGS_CHARS:
-            raise ApiError(400, ErrorCode.INVALID_MESSAGE,
-                           f"{where}.tags longer than {MAX_TAGS_CHARS} characters")
+            raise ApiError(
+                400,
+                ErrorCode.INVALID_MESSAGE,
+                f"{where}.tags longer than {MAX_TAGS_CHARS} characters",
+            )
         if m.properties is not None:
             if len(m.properties) > MAX_PROPERTIES:
-                raise ApiError(400, ErrorCode.INVALID_MESSAGE,
-                               f"{where}.properties has more than {MAX_PROPERTIES} entries")
+                raise ApiError(
+                    400,
+                    ErrorCode.INVALID_MESSAGE,
+                    f"{where}.properties has more than {MAX_PROPERTIES} entries",
+                )
             for k, v in m.properties.items():
                 if len(k) > 256 or len(v) > MAX_PROPERTY_CHARS:
-                    raise ApiError(400, ErrorCode.INVALID_MESSAGE,
-                                   f"{where}.properties entry too long")
+                    raise ApiError(
+                        400, ErrorCode.INVALID_MESSAGE, f"{where}.properties entry too long"
+                    )
         if m.flag & ~KNOWN_FLAGS:
             raise ApiError(400, ErrorCode.INVALID_MESSAGE, f"{where}.flag has unknown bits")
         max_delay = self.config.max_delay_ms
         if m.delay_ms is not None and m.deliver_at_ms is not None:
-            raise ApiError(400, ErrorCode.INVALID_DELAY,
-                           f"{where}: give delay_ms or deliver_at_ms, not both")
+            raise ApiError(
+                400, ErrorCode.INVALID_DELAY, f"{where}: give delay_ms or deliver_at_ms, not both"
+            )
         if m.delay_ms is not None:
             if m.delay_ms < 0 or m.delay_ms > max_delay:
-                raise ApiError(400, ErrorCode.INVALID_DELAY,
-                               f"{where}.delay_ms must be 0..{max_delay}, got {m.delay_ms}")
+                raise ApiError(
+                    400,
+                    ErrorCode.INVALID_DELAY,
+                    f"{where}.delay_ms must be 0..{max_delay}, got {m.delay_ms}",
+                )
             return now_ms + m.delay_ms
         if m.deliver_at_ms is not None:
             if m.deliver_at_ms < 0 or m.deliver_at_ms - now_ms > max_delay:
-                raise ApiError(400, ErrorCode.INVALID_DELAY,
-                               f"{where}.deliver_at_ms is more than {max_delay} ms ahead "
-                               "(the broker's maximum delay) or negative")
+                raise ApiError(
+                    400,
+                    ErrorCode.INVALID_DELAY,
+                    f"{where}.deliver_at_ms is more than {max_delay} ms ahead "
+                    "(the broker's maximum delay) or negative",
+                )
             return m.deliver_at_ms
         return now_ms
 
@@ -201,15 +228,16 @@ class Broker:
         if count == 0:
             raise ApiError(400, ErrorCode.INVALID_REQUEST, "messages is empty")
         if count > self.config.max_batch_messages:
-            raise ApiError(413, ErrorCode.BATCH_TOO_LARGE,
-                           f"{count} messages in one request, the limit is "
-                           f"{self.config.max_batch_messages}")
+            raise ApiError(
+                413,
+                ErrorCode.BATCH_TOO_LARGE,
+                f"{count} messages in one request, the limit is {self.config.max_batch_messages}",
+            )
         now = _now_ms()
         deliver = [self.check_message(i, m, now) for i, m in enumerate(body.messages)]
         await self.authorize(request, {m.topic for m in body.messages})
         if self.config.read_only:
-            raise ApiError(403, ErrorCode.NOT_WRITABLE,
-                           f"broker {self.config.name} is read-only")
+            raise ApiError(403, ErrorCode.NOT_WRITABLE, f"broker {self.config.name} is read-only")
         results: list[wire.MessageResult | None] = [None] * count
         to_store: list[NewMessage] = []
         index: list[int] = []
@@ -217,19 +245,35 @@ class Broker:
             cfg = self.ensure_topic(m.topic)
             if cfg is None:
                 results[i] = wire.MessageResult(
-                    m.msg_id, ErrorCode.TOPIC_NOT_FOUND, m.queue_id,
-                    error=f"topic {m.topic!r} does not exist on broker {self.config.name}")
+                    m.msg_id,
+                    ErrorCode.TOPIC_NOT_FOUND,
+                    m.queue_id,
+                    error=f"topic {m.topic!r} does not exist on broker {self.config.name}",
+                )
                 continue
             if not cfg.perm & wire.PERM_WRITE or m.queue_id >= cfg.write_queue_nums:
                 results[i] = wire.MessageResult(
-                    m.msg_id, ErrorCode.NOT_WRITABLE, m.queue_id,
+                    m.msg_id,
+                    ErrorCode.NOT_WRITABLE,
+                    m.queue_id,
                     error=f"queue {m.queue_id} of topic {m.topic!r} is not writable on "
-                          f"broker {self.config.name}")
+                    f"broker {self.config.name}",
+                )
                 continue
-            to_store.append(NewMessage(
-                topic=m.topic, queue_id=m.queue_id, msg_id=m.msg_id, body=m.body,
-                deliver_at_ms=deliver[i], key=m.key, tags=m.tags, properties=m.properties,
-                flag=m.flag, received_ms=now))
+            to_store.append(
+                NewMessage(
+                    topic=m.topic,
+                    queue_id=m.queue_id,
+                    msg_id=m.msg_id,
+                    body=m.body,
+                    deliver_at_ms=deliver[i],
+                    key=m.key,
+                    tags=m.tags,
+                    properties=m.properties,
+                    flag=m.flag,
+                    received_ms=now,
+                )
+            )
             index.append(i)
         if to_store:
             try:
@@ -242,12 +286,12 @@ class Broker:
                 log.error("store error: %s", exc)
                 raise ApiError(500, ErrorCode.STORE_ERROR, f"store error: {exc}") from None
             for i, r in zip(index, stored, strict=True):
-                results[i] = wire.MessageResult(r.msg_id, wire.SEND_OK, r.queue_id,
-                                                r.deliver_at_ms)
+                results[i] = wire.MessageResult(r.msg_id, wire.SEND_OK, r.queue_id, r.deliver_at_ms)
                 self.counters["duplicates" if r.duplicate else "stored"] += 1
         self.counters["send_requests"] += 1
-        return reply(request, wire.SendResponse(self.config.name,
-                                                [r for r in results if r is not None]))
+        return reply(
+            request, wire.SendResponse(self.config.name, [r for r in results if r is not None])
+        )
 
     async def cancel(self, request: web.Request) -> web.Response:
         body = await read_body(request, wire.CancelRequest)
@@ -260,7 +304,8 @@ class Broker:
         await self.authorize(request, {body.topic})
         try:
             outcome = await asyncio.wrap_future(
-                self.store.cancel(body.topic, body.msg_id, body.deliver_at_ms))
+                self.store.cancel(body.topic, body.msg_id, body.deliver_at_ms)
+            )
         except InvalidRecordError as exc:  # issue 6: bad input, not a store failure
             raise ApiError(400, ErrorCode.INVALID_REQUEST, str(exc)) from None
         except StoreError as exc:
@@ -273,34 +318,47 @@ class Broker:
         if not wire.valid_topic(body.topic):
             raise ApiError(400, ErrorCode.INVALID_TOPIC, f"invalid topic name {body.topic!r}")
         if not wire.GROUP_RE.match(body.group):
-            raise ApiError(400, ErrorCode.INVALID_REQUEST,
-                           f"invalid group name {body.group!r}: must match {wire.GROUP_RE.pattern}")
+            raise ApiError(
+                400,
+                ErrorCode.INVALID_REQUEST,
+                f"invalid group name {body.group!r}: must match {wire.GROUP_RE.pattern}",
+            )
         if not 0 <= body.max_messages <= self.config.max_pull_messages:
-            raise ApiError(400, ErrorCode.INVALID_REQUEST,
-                           f"max_messages must be 0..{self.config.max_pull_messages}")
+            raise ApiError(
+                400,
+                ErrorCode.INVALID_REQUEST,
+                f"max_messages must be 0..{self.config.max_pull_messages}",
+            )
         if not 0 <= body.wait_ms <= self.config.max_pull_wait_ms:
-            raise ApiError(400, ErrorCode.INVALID_REQUEST,
-                           f"wait_ms must be 0..{self.config.max_pull_wait_ms}")
+            raise ApiError(
+                400, ErrorCode.INVALID_REQUEST, f"wait_ms must be 0..{self.config.max_pull_wait_ms}"
+            )
         await self.authorize(request, {body.topic})
         cfg = self.topics.get(body.topic)
         if cfg is None:
-            raise ApiError(404, ErrorCode.TOPIC_NOT_FOUND,
-                           f"topic {body.topic!r} does not exist on broker {self.config.name}")
+            raise ApiError(
+                404,
+                ErrorCode.TOPIC_NOT_FOUND,
+                f"topic {body.topic!r} does not exist on broker {self.config.name}",
+            )
         for queue_id, offset in body.commits.items():
             if not 0 <= queue_id < cfg.read_queue_nums:
-                raise ApiError(400, ErrorCode.INVALID_REQUEST,
-                               f"commit for queue {queue_id}: no such queue")
+                raise ApiError(
+                    400, ErrorCode.INVALID_REQUEST, f"commit for queue {queue_id}: no such queue"
+                )
             top = self.store.max_offset(body.topic, queue_id)
             if not 0 <= offset <= top:
-                raise ApiError(400, ErrorCode.INVALID_REQUEST,
-                               f"commit offset {offset} for queue {queue_id} is outside 0..{top}")
+                raise ApiError(
+                    400,
+                    ErrorCode.INVALID_REQUEST,
+                    f"commit offset {offset} for queue {queue_id} is outside 0..{top}",
+                )
         for queue_id, offset in body.commits.items():
             self.store.commit_offset(body.group, body.topic, queue_id, offset)
         messages = self._read(body.topic, body.group, cfg.read_queue_nums, body.max_messages)
         if not messages and body.wait_ms > 0 and body.max_messages > 0:
             await self.wait_fired(body.topic, body.wait_ms / 1000)
-            messages = self._read(body.topic, body.group, cfg.read_queue_nums,
-                                  body.max_messages)
+            messages = self._read(body.topic, body.group, cfg.read_queue_nums, body.max_messages)
         next_offsets: dict[int, int] = {}
         for m in messages:
             next_offsets[m.queue_id] = max(next_offsets.get(m.queue_id, 0), m.offset + 1)
@@ -324,19 +382,32 @@ class Broker:
                     if out and size + len(f.body) > self.config.max_pull_bytes:
                         break
                     size += len(f.body)
-                    out.append(wire.PulledMessage(
-                        msg_id=f.msg_id, topic=f.topic, body=f.body, queue_id=f.queue_id,
-                        offset=f.offset, deliver_at_ms=f.deliver_at_ms,
-                        fired_at_ms=f.fired_at_ms, key=f.key, tags=f.tags,
-                        properties=f.properties, flag=f.flag))
+                    out.append(
+                        wire.PulledMessage(
+                            msg_id=f.msg_id,
+                            topic=f.topic,
+                            body=f.body,
+                            queue_id=f.queue_id,
+                            offset=f.offset,
+                            deliver_at_ms=f.deliver_at_ms,
+                            fired_at_ms=f.fired_at_ms,
+                            key=f.key,
+                            tags=f.tags,
+                            properties=f.properties,
+                            flag=f.flag,
+                        )
+                    )
                     offsets[q] = f.offset + 1
         return out
 
     async def create_topic(self, request: web.Request) -> web.Response:
         body = await read_body(request, wire.CreateTopicRequest)
         if not wire.valid_topic(body.topic):
-            raise ApiError(400, ErrorCode.INVALID_TOPIC,
-                           f"invalid topic name {body.topic!r}: must match {wire.TOPIC_RE.pattern}")
+            raise ApiError(
+                400,
+                ErrorCode.INVALID_TOPIC,
+                f"invalid topic name {body.topic!r}: must match {wire.TOPIC_RE.pattern}",
+            )
         if not 1 <= body.queues <= MAX_QUEUES:
             raise ApiError(400, ErrorCode.INVALID_REQUEST, f"queues must be 1..{MAX_QUEUES}")
         if body.perm & ~wire.PERM_READ_WRITE or not body.perm:
@@ -351,8 +422,9 @@ class Broker:
         return reply(request, wire.TopicList(self.topics.all()))
 
     async def health(self, request: web.Request) -> web.Response:
-        return reply(request, wire.Health(status="ok", name=self.config.name, role="broker",
-                                          perm=self.perm))
+        return reply(
+            request, wire.Health(status="ok", name=self.config.name, role="broker", perm=self.perm)
+        )
 
     async def stats(self, request: web.Request) -> web.Response:
         data: dict[str, Any] = {"broker_name": self.config.name, **self.counters}
@@ -388,9 +460,14 @@ async def run(config: BrokerConfig) -> None:
     app, broker = create_app(config)
     await broker.start()
     try:
-        await serve(app, config.host, config.port,
-                    ssl_ctx=ssl_context(config.tls_cert, config.tls_key),
-                    ready_file=config.ready_file, on_ready=broker.register,
-                    exit_with_parent=config.exit_with_parent)
+        await serve(
+            app,
+            config.host,
+            config.port,
+            ssl_ctx=ssl_context(config.tls_cert, config.tls_key),
+            ready_file=config.ready_file,
+            on_ready=broker.register,
+            exit_with_parent=config.exit_with_parent,
+        )
     finally:
         await broker.stop()

@@ -19,10 +19,14 @@ log = logging.getLogger(__name__)
 class Heartbeat:
     """Registers the broker with all name servers now, then every ``interval_ms``."""
 
-    def __init__(self, namesrv: list[str], interval_ms: int,
-                 registration: Callable[[], wire.BrokerRegistration],
-                 sign: Callable[[str, str, bytes], dict[str, str]] | None = None,
-                 ssl_ctx: ssl.SSLContext | None = None) -> None:
+    def __init__(
+        self,
+        namesrv: list[str],
+        interval_ms: int,
+        registration: Callable[[], wire.BrokerRegistration],
+        sign: Callable[[str, str, bytes], dict[str, str]] | None = None,
+        ssl_ctx: ssl.SSLContext | None = None,
+    ) -> None:
         self._namesrv = namesrv
         self._ssl = ssl_ctx  # issue 6: verifies https:// name servers (None: system CAs)
         self._interval = interval_ms / 1000
@@ -35,8 +39,9 @@ class Heartbeat:
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(ssl=self._ssl) if self._ssl is not None else None
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3),
-                                              connector=connector)
+        self._session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=3), connector=connector
+        )
         await self.register_all()
         self._task = asyncio.create_task(self._loop())
 
@@ -53,8 +58,7 @@ class Heartbeat:
 
     async def register_all(self) -> None:
         body = wire.encode(self._registration(), wire.MSGPACK)
-        await asyncio.gather(*(self._post(a, wire.NAMESRV_REGISTER, body)
-                               for a in self._namesrv))
+        await asyncio.gather(*(self._post(a, wire.NAMESRV_REGISTER, body) for a in self._namesrv))
 
     async def _post(self, addr: str, path: str, body: bytes) -> None:
         assert self._session is not None
@@ -62,8 +66,9 @@ class Heartbeat:
         if self._sign is not None:
             headers.update(self._sign("POST", path, body))
         try:
-            async with self._session.post(wire.base_url(addr) + path, data=body,
-                                          headers=headers) as resp:
+            async with self._session.post(
+                wire.base_url(addr) + path, data=body, headers=headers
+            ) as resp:
                 if resp.status != 200:
                     text = (await resp.text())[:200]
                     raise RuntimeError(f"HTTP {resp.status}: {text}")
@@ -82,7 +87,8 @@ class Heartbeat:
                 await self._task
         if unregister is not None and self._session is not None:
             body = wire.encode(unregister, wire.MSGPACK)
-            await asyncio.gather(*(self._post(a, wire.NAMESRV_UNREGISTER, body)
-                                   for a in self._namesrv))
+            await asyncio.gather(
+                *(self._post(a, wire.NAMESRV_UNREGISTER, body) for a in self._namesrv)
+            )
         if self._session is not None:
             await self._session.close()

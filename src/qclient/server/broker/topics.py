@@ -42,8 +42,14 @@ class TopicRegistry:
         return cfg, True
 
     def _save(self) -> None:
-        data = {n: {"read_queue_nums": c.read_queue_nums, "write_queue_nums": c.write_queue_nums,
-                    "perm": c.perm} for n, c in self._topics.items()}
+        data = {
+            n: {
+                "read_queue_nums": c.read_queue_nums,
+                "write_queue_nums": c.write_queue_nums,
+                "perm": c.perm,
+            }
+            for n, c in self._topics.items()
+        }
         tmp = self._path.with_suffix(".tmp")
         with open(tmp, "w") as fh:
             json.dump(data, fh, sort_keys=True)

@@ -28,6 +28,7 @@ MAX_TOPICS_PER_BROKER = 100_000
 
 def _check_registration(reg: wire.BrokerRegistration) -> None:
     """Raise a 400 unless every field of a registration is in range."""
+
     def bad(message: str) -> ApiError:
         return ApiError(400, ErrorCode.INVALID_REQUEST, message)
 
@@ -44,11 +45,12 @@ def _check_registration(reg: wire.BrokerRegistration) -> None:
     for topic, cfg in reg.topics.items():
         if not wire.valid_topic(topic):
             raise ApiError(400, ErrorCode.INVALID_TOPIC, f"invalid topic name {topic[:140]!r}")
-        if (not 0 <= cfg.read_queue_nums <= MAX_QUEUES
-                or not 0 <= cfg.write_queue_nums <= MAX_QUEUES
-                or cfg.perm & ~wire.PERM_READ_WRITE):
-            raise bad(f"topic {topic!r}: queue numbers must be 0..{MAX_QUEUES}, "
-                      "perm 0, 2, 4 or 6")
+        if (
+            not 0 <= cfg.read_queue_nums <= MAX_QUEUES
+            or not 0 <= cfg.write_queue_nums <= MAX_QUEUES
+            or cfg.perm & ~wire.PERM_READ_WRITE
+        ):
+            raise bad(f"topic {topic!r}: queue numbers must be 0..{MAX_QUEUES}, perm 0, 2, 4 or 6")
 
 
 @dataclass
@@ -75,9 +77,13 @@ def create_app(config: NameServerConfig) -> web.Application:
         from .._auth import Authorizer, auth_middleware
 
         authorizer = Authorizer.from_file(config.auth_file)
-        middlewares.append(auth_middleware(
-            authorizer, paths={wire.NAMESRV_REGISTER, wire.NAMESRV_UNREGISTER},
-            accounts=authorizer.signers()))
+        middlewares.append(
+            auth_middleware(
+                authorizer,
+                paths={wire.NAMESRV_REGISTER, wire.NAMESRV_UNREGISTER},
+                accounts=authorizer.signers(),
+            )
+        )
     app = make_app(config.max_request_bytes, middlewares)
     app["table"] = table
     routes = web.RouteTableDef()
@@ -89,8 +95,9 @@ def create_app(config: NameServerConfig) -> web.Application:
             raise ApiError(400, ErrorCode.INVALID_REQUEST, "broker_name and addr are required")
         _check_registration(reg)
         table.register(reg)
-        return reply(request, wire.RegisterResult(config.heartbeat_interval_ms,
-                                                   config.broker_expire_ms))
+        return reply(
+            request, wire.RegisterResult(config.heartbeat_interval_ms, config.broker_expire_ms)
+        )
 
     @routes.post(wire.NAMESRV_UNREGISTER)
     async def unregister(request: web.Request) -> web.Response:
@@ -106,12 +113,18 @@ def create_app(config: NameServerConfig) -> web.Application:
     async def route(request: web.Request) -> web.Response:
         topic = request.match_info["topic"]
         if not wire.valid_topic(topic):
-            raise ApiError(400, ErrorCode.INVALID_TOPIC,
-                           f"invalid topic name {topic!r}: must match {wire.TOPIC_RE.pattern}")
+            raise ApiError(
+                400,
+                ErrorCode.INVALID_TOPIC,
+                f"invalid topic name {topic!r}: must match {wire.TOPIC_RE.pattern}",
+            )
         found = table.route(topic)
         if found is None:
-            raise ApiError(404, ErrorCode.TOPIC_NOT_FOUND,
-                           f"no route for topic {topic!r}: no broker has it or creates it")
+            raise ApiError(
+                404,
+                ErrorCode.TOPIC_NOT_FOUND,
+                f"no route for topic {topic!r}: no broker has it or creates it",
+            )
         return reply(request, found)
 
     @routes.get(wire.HEALTH)
@@ -139,6 +152,11 @@ def create_app(config: NameServerConfig) -> web.Application:
 
 async def run(config: NameServerConfig) -> None:
     app = create_app(config)
-    await serve(app, config.host, config.port,
-                ssl_ctx=ssl_context(config.tls_cert, config.tls_key),
-                ready_file=config.ready_file, exit_with_parent=config.exit_with_parent)
+    await serve(
+        app,
+        config.host,
+        config.port,
+        ssl_ctx=ssl_context(config.tls_cert, config.tls_key),
+        ready_file=config.ready_file,
+        exit_with_parent=config.exit_with_parent,
+    )

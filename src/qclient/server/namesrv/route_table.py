@@ -37,8 +37,13 @@ class RouteTable:
             self._brokers[reg.broker_name] = BrokerLive(reg, self._now())
         is_new = old is None or old.registration.addr != reg.addr
         if is_new:
-            log.info("broker %s registered at %s (%d topics, perm %d)", reg.broker_name,
-                     reg.addr, len(reg.topics), reg.perm)
+            log.info(
+                "broker %s registered at %s (%d topics, perm %d)",
+                reg.broker_name,
+                reg.addr,
+                len(reg.topics),
+                reg.perm,
+            )
         return is_new
 
     def unregister(self, broker_name: str, addr: str) -> bool:
@@ -64,17 +69,19 @@ class RouteTable:
     def brokers(self) -> wire.BrokerList:
         with self._lock:
             items = sorted(self._brokers.values(), key=lambda b: b.registration.broker_name)
-        return wire.BrokerList(brokers=[
-            wire.BrokerInfo(
-                broker_name=b.registration.broker_name,
-                addr=b.registration.addr,
-                cluster=b.registration.cluster,
-                perm=b.registration.perm,
-                last_heartbeat_ms=b.last_heartbeat_ms,
-                topics=sorted(b.registration.topics),
-            )
-            for b in items
-        ])
+        return wire.BrokerList(
+            brokers=[
+                wire.BrokerInfo(
+                    broker_name=b.registration.broker_name,
+                    addr=b.registration.addr,
+                    cluster=b.registration.cluster,
+                    perm=b.registration.perm,
+                    last_heartbeat_ms=b.last_heartbeat_ms,
+                    topics=sorted(b.registration.topics),
+                )
+                for b in items
+            ]
+        )
 
     def route(self, topic: str) -> wire.TopicRoute | None:
         """The topic's route; for an unknown topic, the auto-create route, else None."""
@@ -87,10 +94,14 @@ class RouteTable:
             cfg = reg.topics.get(topic)
             if cfg is None:
                 continue
-            queue_datas.append(wire.QueueData(reg.broker_name, cfg.read_queue_nums,
-                                              cfg.write_queue_nums, cfg.perm & reg.perm))
-            broker_datas.append(wire.BrokerData(reg.broker_name, {wire.MASTER_ID: reg.addr},
-                                                reg.cluster))
+            queue_datas.append(
+                wire.QueueData(
+                    reg.broker_name, cfg.read_queue_nums, cfg.write_queue_nums, cfg.perm & reg.perm
+                )
+            )
+            broker_datas.append(
+                wire.BrokerData(reg.broker_name, {wire.MASTER_ID: reg.addr}, reg.cluster)
+            )
         if queue_datas:
             return wire.TopicRoute(topic, queue_datas, broker_datas)
         # RocketMQ's TBW102: brokers that create topics on first send.
@@ -99,8 +110,9 @@ class RouteTable:
             if reg.auto_create_topics and reg.perm & wire.PERM_WRITE:
                 n = reg.default_queue_nums
                 queue_datas.append(wire.QueueData(reg.broker_name, n, n, reg.perm))
-                broker_datas.append(wire.BrokerData(reg.broker_name,
-                                                    {wire.MASTER_ID: reg.addr}, reg.cluster))
+                broker_datas.append(
+                    wire.BrokerData(reg.broker_name, {wire.MASTER_ID: reg.addr}, reg.cluster)
+                )
         if queue_datas:
             return wire.TopicRoute(topic, queue_datas, broker_datas, auto_create=True)
         return None
