@@ -151,7 +151,10 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true", help="tiny run, a few seconds per case")
     ap.add_argument("--slow-ms", type=float, default=600.0,
                     help="delay the proxy adds to each request to the slow broker (ms)")
+    ap.add_argument("--faults", default="kill,hang,slow",
+                    help="comma-separated subset of kill,hang,slow (all by default)")
     args = ap.parse_args()
+    faults = [f for f in ("kill", "hang", "slow") if f in args.faults.split(",")]
     logging.basicConfig(level=logging.ERROR, stream=sys.stderr)
     n_before, during_s, n_after, cap = (20, 1.5, 20, 10.0) if args.smoke else (300, 8.0, 300,
                                                                                 40.0)
@@ -160,20 +163,24 @@ def main() -> None:
     # what is measured is the producer, not the name server dropping the broker
     sizes: dict[str, Any] = {"n_before": n_before, "during_s": during_s, "n_after": n_after,
                              "back_cap_s": cap}
-    with LocalCluster(2, broker_expire=60.0) as cluster:
-        victim = cluster.brokers[0]
-        for fault in ("kill", "hang"):
-            for ft in (True, False):
-                cases.append(run_case(cluster, victim, fault, kill_or_hang(victim, fault), ft,
-                                      **sizes))
+    if {"kill", "hang"} & set(faults):
+        with LocalCluster(2, broker_expire=60.0) as cluster:
+            victim = cluster.brokers[0]
+            for fault in faults:
+                if fault == "slow":
+                    continue
+                for ft in (True, False):
+                    cases.append(run_case(cluster, victim, fault, kill_or_hang(victim, fault),
+                                          ft, **sizes))
     # a cluster of its own: the slow broker is reached only through the proxy; in smoke
     # the phases are shorter, to pay for that cluster's start-up
     slow_sizes = ({**sizes, "n_before": 10, "during_s": 1.0, "n_after": 10} if args.smoke
                   else sizes)
-    with slow_cluster(60.0) as (cluster, victim, proxy):
-        for ft in (True, False):
-            cases.append(run_case(cluster, victim, "slow", slow(proxy, args.slow_ms), ft,
-                                  **slow_sizes))
+    if "slow" in faults:
+        with slow_cluster(60.0) as (cluster, victim, proxy):
+            for ft in (True, False):
+                cases.append(run_case(cluster, victim, "slow", slow(proxy, args.slow_ms), ft,
+                                      **slow_sizes))
     head = (f"{'case':<14}{'errors':>7}  {'before p50/p99/max ms':>24}  "
             f"{'during p50/p99/max ms':>24}  {'sends during':>12}  {'to faulty':>9}  "
             f"{'after p50/p99/max ms':>24}  {'back in use':>11}")
@@ -202,22 +209,33 @@ def main() -> None:
             key = f"{c['fault']}_ft_{'on' if c['fault_tolerance'] else 'off'}"
             out["timeline"][key] = c.pop("timeline")
             out[key] = c
-        on_hang, on_slow = out["hang_ft_on"], out["slow_ft_on"]
-        out["targets"] = [
+        out["targets"] = _targets(out, args.slow_ms)
+        print(json.dumps(out))
+
+
+def _targets(out: dict[str, Any], slow_ms: float) -> list[dict[str, Any]]:
+    """The issue-3 targets for the cases that ran, and the slow case's own."""
+    targets: list[dict[str, Any]] = []
+    if "hang_ft_on" in out:
+        on_hang = out["hang_ft_on"]
+        targets += [
             {"name": "hang, FT on: max send latency during (ms)",
              "value": on_hang["during"]["max_ms"], "target": "< 1500",
              "met": on_hang["during"]["max_ms"] < 1500},
-            {"name": "kill, FT on: errors surfaced", "value": out["kill_ft_on"][
-                "errors_surfaced"], "target": "<= 2",
-             "met": out["kill_ft_on"]["errors_surfaced"] <= 2},
             {"name": "hang, FT on: back in use after SIGCONT (s)",
              "value": on_hang["back_in_use_s"], "target": "<= 30",
              "met": 0 <= on_hang["back_in_use_s"] <= 30},
-            {"name": "slow, FT on: p99 send latency during (ms)",
-             "value": on_slow["during"]["p99_ms"], "target": f"< {args.slow_ms:.0f}",
-             "met": on_slow["during"]["p99_ms"] < args.slow_ms},
         ]
-        print(json.dumps(out))
+    if "kill_ft_on" in out:
+        errors = out["kill_ft_on"]["errors_surfaced"]
+        targets.append({"name": "kill, FT on: errors surfaced", "value": errors,
+                        "target": "<= 2", "met": errors <= 2})
+    if "slow_ft_on" in out:
+        # not an issue-3 target: the slow broker should stop costing every other send
+        p99 = out["slow_ft_on"]["during"]["p99_ms"]
+        targets.append({"name": "slow, FT on: p99 send latency during (ms)", "value": p99,
+                        "target": f"< {slow_ms:.0f}", "met": p99 < slow_ms})
+    return targets
 
 
 if __name__ == "__main__":
