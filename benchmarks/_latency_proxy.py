@@ -36,8 +36,10 @@ class LatencyProxy:
         self._tasks: set[asyncio.Task[None]] = set()
 
     def __repr__(self) -> str:
-        return (f"<LatencyProxy {self.host}:{self.port} -> {self.upstream} "
-                f"delay={self.delay_s * 1000:.0f} ms>")
+        return (
+            f"<LatencyProxy {self.host}:{self.port} -> {self.upstream} "
+            f"delay={self.delay_s * 1000:.0f} ms>"
+        )
 
     # --- control (any thread) -------------------------------------------------------
 
@@ -59,7 +61,8 @@ class LatencyProxy:
             self._loop = loop
             try:
                 self._server = loop.run_until_complete(
-                    asyncio.start_server(self._handle, self.host, 0))
+                    asyncio.start_server(self._handle, self.host, 0)
+                )
                 self.port = self._server.sockets[0].getsockname()[1]
             except BaseException as exc:  # handed to start()'s caller
                 failure.append(exc)
@@ -108,8 +111,7 @@ class LatencyProxy:
 
     # --- the loop thread ------------------------------------------------------------
 
-    async def _handle(self, c_reader: asyncio.StreamReader,
-                      c_writer: asyncio.StreamWriter) -> None:
+    async def _handle(self, c_reader: asyncio.StreamReader, c_writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
         self._tasks.add(task)
@@ -146,8 +148,9 @@ class LatencyProxy:
         except (ConnectionError, OSError):
             pass
 
-    async def _delayed_pump(self, reader: asyncio.StreamReader,
-                            writer: asyncio.StreamWriter) -> None:
+    async def _delayed_pump(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         """Each chunk leaves at its arrival time + the delay then in force, in order."""
         queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
 
