@@ -38,30 +38,39 @@ def _pct(values: list[int], q: float) -> float:
     return float(s[min(len(s) - 1, int(q * len(s)))])
 
 
-def _encode_batches(prefix: str, n_batches: int, topic: str, deliver_at: list[int] | None
-                    ) -> list[bytes]:
+def _encode_batches(
+    prefix: str, n_batches: int, topic: str, deliver_at: list[int] | None
+) -> list[bytes]:
     out = []
     for b in range(n_batches):
         msgs = []
         for i in range(BATCH):
             k = b * BATCH + i
-            msgs.append(wire.WireMessage(
-                topic=topic, queue_id=k % 4, msg_id=f"{prefix}-{k}", body=BODY,
-                deliver_at_ms=deliver_at[k] if deliver_at else None,
-                delay_ms=None if deliver_at else 3_600_000))
+            msgs.append(
+                wire.WireMessage(
+                    topic=topic,
+                    queue_id=k % 4,
+                    msg_id=f"{prefix}-{k}",
+                    body=BODY,
+                    deliver_at_ms=deliver_at[k] if deliver_at else None,
+                    delay_ms=None if deliver_at else 3_600_000,
+                )
+            )
         out.append(wire.encode(wire.SendRequest(msgs), wire.MSGPACK))
     return out
 
 
-async def _post_all(addr: str, bodies: list[bytes], concurrency: int,
-                    deadline: float | None) -> tuple[int, float]:
+async def _post_all(
+    addr: str, bodies: list[bytes], concurrency: int, deadline: float | None
+) -> tuple[int, float]:
     """Post bodies with ``concurrency`` connections; returns (messages acked, seconds)."""
     queue = list(reversed(bodies))
     acked = 0
     headers = {"content-type": wire.MSGPACK}
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(base_url=f"http://{addr}", limits=limits, timeout=30,
-                                 trust_env=False) as client:
+    async with httpx.AsyncClient(
+        base_url=f"http://{addr}", limits=limits, timeout=30, trust_env=False
+    ) as client:
 
         async def worker() -> None:
             nonlocal acked
@@ -82,8 +91,7 @@ def bench_accept(addr: str, pid: int, seconds: float, concurrency: int) -> dict[
     bodies = _encode_batches(f"acc{os.getpid()}", est, "bench-accept", None)
     proc = psutil.Process(pid)
     cpu0 = sum(proc.cpu_times()[:2])
-    acked, elapsed = asyncio.run(_post_all(addr, bodies, concurrency,
-                                           time.monotonic() + seconds))
+    acked, elapsed = asyncio.run(_post_all(addr, bodies, concurrency, time.monotonic() + seconds))
     cpu = sum(proc.cpu_times()[:2]) - cpu0
     stats = httpx.get(f"http://{addr}{wire.BROKER_STATS}").json()["store"]
     return {
@@ -96,9 +104,13 @@ def bench_accept(addr: str, pid: int, seconds: float, concurrency: int) -> dict[
     }
 
 
-def bench_firing(addr: str, rate: int, due_seconds: float,
-                 samples: list[int] | None = None,
-                 accept_rate: float | None = None) -> dict[str, float]:
+def bench_firing(
+    addr: str,
+    rate: int,
+    due_seconds: float,
+    samples: list[int] | None = None,
+    accept_rate: float | None = None,
+) -> dict[str, float]:
     """One firing phase at ``rate`` due msgs/s; ``samples`` receives the lateness values.
 
     ``accept_rate`` (the accept phase's msgs/s) sizes the lead time before the first due
@@ -130,8 +142,11 @@ def bench_firing(addr: str, rate: int, due_seconds: float,
     with httpx.Client(base_url=f"http://{addr}", timeout=30, trust_env=False) as client:
         while len(lateness) < acked and time.monotonic() < deadline:
             req = wire.PullRequest(topic, "bench", 1024, 200, commits)
-            r = client.post(wire.BROKER_PULL, content=wire.encode(req, wire.MSGPACK),
-                            headers={"content-type": wire.MSGPACK})
+            r = client.post(
+                wire.BROKER_PULL,
+                content=wire.encode(req, wire.MSGPACK),
+                headers={"content-type": wire.MSGPACK},
+            )
             r.raise_for_status()
             resp = wire.decode(r.content, wire.PullResponse, wire.MSGPACK)
             commits = dict(resp.next_offsets)
@@ -160,14 +175,23 @@ MAX_SAMPLES = 5000  # lateness samples kept per rate for the report's CDF
 def knee(by_rate: list[dict[str, float]]) -> float | None:
     """The highest due rate whose p99 lateness is <= 10 ms with nothing early, all read back
     and sent before the first was due (None: none)."""
-    ok = [f["due_rate_msgs_per_s"] for f in by_rate
-          if f["lateness_p99_ms"] <= KNEE_P99_MS and f["early"] == 0
-          and f["fired_read_back"] >= f["scheduled"] and not f["sent_past_first_due"]]
+    ok = [
+        f["due_rate_msgs_per_s"]
+        for f in by_rate
+        if f["lateness_p99_ms"] <= KNEE_P99_MS
+        and f["early"] == 0
+        and f["fired_read_back"] >= f["scheduled"]
+        and not f["sent_past_first_due"]
+    ]
     return max(ok) if ok else None
 
 
-def run(seconds: float = 5.0, rates: tuple[int, ...] = (5000,), due_seconds: float = 10.0,
-        concurrency: int = 4) -> dict[str, object]:
+def run(
+    seconds: float = 5.0,
+    rates: tuple[int, ...] = (5000,),
+    due_seconds: float = 10.0,
+    concurrency: int = 4,
+) -> dict[str, object]:
     by_rate: list[dict[str, float]] = []
     samples: dict[str, list[float]] = {}
     with LocalCluster(brokers=1) as cluster:
@@ -180,22 +204,37 @@ def run(seconds: float = 5.0, rates: tuple[int, ...] = (5000,), due_seconds: flo
             by_rate.append(f)
             step = max(1, len(lat) // MAX_SAMPLES)
             samples[f"broker @{f['due_rate_msgs_per_s']:,.0f}/s"] = [float(x) for x in lat[::step]]
-            print(f"firing @{rate:,}/s: p50 {f['lateness_p50_ms']:.0f} ms, p99 "
-                  f"{f['lateness_p99_ms']:.0f} ms, early {f['early']}", file=sys.stderr)
-    notes = [f"due rate {f['due_rate_msgs_per_s']:,.0f}/s: sending ended after the first "
-             "message was due, so its lateness is the sender's; not counted for the knee"
-             for f in by_rate if f["sent_past_first_due"]]
-    return {"scenario": "broker", "accept": accept, "firing": by_rate[0],
-            "firing_by_rate": by_rate, "knee_due_rate": knee(by_rate), "notes": notes,
-            "lateness_samples_ms": samples,
-            "targets": {"accepted_msgs_per_s>=": 30_000, "lateness_p99_ms<=": 10, "early==": 0}}
+            print(
+                f"firing @{rate:,}/s: p50 {f['lateness_p50_ms']:.0f} ms, p99 "
+                f"{f['lateness_p99_ms']:.0f} ms, early {f['early']}",
+                file=sys.stderr,
+            )
+    notes = [
+        f"due rate {f['due_rate_msgs_per_s']:,.0f}/s: sending ended after the first "
+        "message was due, so its lateness is the sender's; not counted for the knee"
+        for f in by_rate
+        if f["sent_past_first_due"]
+    ]
+    return {
+        "scenario": "broker",
+        "accept": accept,
+        "firing": by_rate[0],
+        "firing_by_rate": by_rate,
+        "knee_due_rate": knee(by_rate),
+        "notes": notes,
+        "lateness_samples_ms": samples,
+        "targets": {"accepted_msgs_per_s>=": 30_000, "lateness_p99_ms<=": 10, "early==": 0},
+    }
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seconds", type=float, default=5.0, help="accept phase length")
-    p.add_argument("--rates", default="5000,10000,20000,40000",
-                   help="comma-separated due msgs/s, one firing phase each (first = 'firing')")
+    p.add_argument(
+        "--rates",
+        default="5000,10000,20000,40000",
+        help="comma-separated due msgs/s, one firing phase each (first = 'firing')",
+    )
     p.add_argument("--rate", type=int, default=None, help="one due rate (same as --rates N)")
     p.add_argument("--due-seconds", type=float, default=10.0)
     p.add_argument("--concurrency", type=int, default=4)
@@ -210,24 +249,34 @@ def main() -> None:
     res = run(a.seconds, rates, a.due_seconds, a.concurrency)
     acc, fire, by_rate = res["accept"], res["firing"], res["firing_by_rate"]
     assert isinstance(acc, dict) and isinstance(fire, dict) and isinstance(by_rate, list)
-    print(f"accept : {acc['accepted_msgs_per_s']:,.0f} msgs/s accepted (batches of {BATCH} x "
-          f"100 B, fsync before ack; {acc['avg_group_size']:.0f} msgs per fsync; broker "
-          f"{acc['broker_cpu_us_per_msg']:.1f} CPU us/msg)  [target >= 30,000]")
-    print(f"firing : {fire['due_rate_msgs_per_s']:,.0f} due msgs/s: lateness p50 "
-          f"{fire['lateness_p50_ms']:.0f} ms, p99 {fire['lateness_p99_ms']:.0f} ms, max "
-          f"{fire['lateness_max_ms']:.0f} ms, early {fire['early']} "
-          f"({fire['fired_read_back']}/{fire['scheduled']} read back)  "
-          "[target p99 <= 10 ms, 0 early]")
-    print(f"{'due msgs/s':>12} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'early':>6} "
-          f"{'read back':>12}")
+    print(
+        f"accept : {acc['accepted_msgs_per_s']:,.0f} msgs/s accepted (batches of {BATCH} x "
+        f"100 B, fsync before ack; {acc['avg_group_size']:.0f} msgs per fsync; broker "
+        f"{acc['broker_cpu_us_per_msg']:.1f} CPU us/msg)  [target >= 30,000]"
+    )
+    print(
+        f"firing : {fire['due_rate_msgs_per_s']:,.0f} due msgs/s: lateness p50 "
+        f"{fire['lateness_p50_ms']:.0f} ms, p99 {fire['lateness_p99_ms']:.0f} ms, max "
+        f"{fire['lateness_max_ms']:.0f} ms, early {fire['early']} "
+        f"({fire['fired_read_back']}/{fire['scheduled']} read back)  "
+        "[target p99 <= 10 ms, 0 early]"
+    )
+    print(
+        f"{'due msgs/s':>12} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'early':>6} "
+        f"{'read back':>12}"
+    )
     for f in by_rate:
-        print(f"{f['due_rate_msgs_per_s']:>12,.0f} {f['lateness_p50_ms']:>8.0f} "
-              f"{f['lateness_p99_ms']:>8.0f} {f['lateness_max_ms']:>8.0f} {f['early']:>6} "
-              f"{f['fired_read_back']:>6}/{f['scheduled']:<6}"
-              + ("  (sent past first due)" if f["sent_past_first_due"] else ""))
+        print(
+            f"{f['due_rate_msgs_per_s']:>12,.0f} {f['lateness_p50_ms']:>8.0f} "
+            f"{f['lateness_p99_ms']:>8.0f} {f['lateness_max_ms']:>8.0f} {f['early']:>6} "
+            f"{f['fired_read_back']:>6}/{f['scheduled']:<6}"
+            + ("  (sent past first due)" if f["sent_past_first_due"] else "")
+        )
     k = res["knee_due_rate"]
-    print(f"knee   : {'none' if k is None else f'{k:,.0f}'} due msgs/s "
-          f"(highest rate with p99 <= {KNEE_P99_MS:.0f} ms, 0 early)")
+    print(
+        f"knee   : {'none' if k is None else f'{k:,.0f}'} due msgs/s "
+        f"(highest rate with p99 <= {KNEE_P99_MS:.0f} ms, 0 early)"
+    )
     for note in res["notes"]:  # type: ignore[attr-defined]
         print(f"note   : {note}")
     if a.json:

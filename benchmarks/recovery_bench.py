@@ -55,8 +55,13 @@ def _bodies(prefix: str, n: int, base_ms: int) -> Iterator[bytes]:
     """msgpack SendRequest bodies of CHUNK messages each, made lazily (1M do not fit well)."""
     for start in range(0, n, CHUNK):
         msgs = [
-            wire.WireMessage(topic=TOPIC, queue_id=k % 4, msg_id=f"{prefix}-{k}", body=BODY,
-                             deliver_at_ms=_deliver_at(base_ms, k, n))
+            wire.WireMessage(
+                topic=TOPIC,
+                queue_id=k % 4,
+                msg_id=f"{prefix}-{k}",
+                body=BODY,
+                deliver_at_ms=_deliver_at(base_ms, k, n),
+            )
             for k in range(start, min(n, start + CHUNK))
         ]
         yield wire.encode(wire.SendRequest(msgs), wire.MSGPACK)
@@ -67,8 +72,9 @@ async def _fill(addr: str, bodies: Iterator[bytes], deadline: float) -> int:
     acked = 0
     headers = {"content-type": wire.MSGPACK}
     limits = httpx.Limits(max_connections=CONCURRENCY, max_keepalive_connections=CONCURRENCY)
-    async with httpx.AsyncClient(base_url=f"http://{addr}", limits=limits, timeout=60,
-                                 trust_env=False) as client:
+    async with httpx.AsyncClient(
+        base_url=f"http://{addr}", limits=limits, timeout=60, trust_env=False
+    ) as client:
 
         async def worker() -> None:
             nonlocal acked
@@ -103,8 +109,11 @@ def _cancel_some(addr: str, prefix: str, n: int, base_ms: int) -> tuple[int, int
     with httpx.Client(base_url=f"http://{addr}", timeout=30, trust_env=False) as client:
         for k in ks:
             req = wire.CancelRequest(TOPIC, f"{prefix}-{k}", _deliver_at(base_ms, k, n))
-            r = client.post(wire.BROKER_CANCEL, content=wire.encode(req, wire.MSGPACK),
-                            headers={"content-type": wire.MSGPACK})
+            r = client.post(
+                wire.BROKER_CANCEL,
+                content=wire.encode(req, wire.MSGPACK),
+                headers={"content-type": wire.MSGPACK},
+            )
             r.raise_for_status()
             resp = wire.decode(r.content, wire.CancelResponse, wire.MSGPACK)
             done += resp.cancelled
@@ -165,8 +174,10 @@ def run(sizes: list[int], max_seconds: float) -> dict[str, Any]:
         left = end - time.monotonic()
         est = 3.0 + (per_msg_s * n if per_msg_s is not None else 0.0)
         if est > left:
-            notes.append(f"N={n:,} skipped: estimated {est:.0f} s > {left:.0f} s left of "
-                         f"--max-seconds {max_seconds:.0f}")
+            notes.append(
+                f"N={n:,} skipped: estimated {est:.0f} s > {left:.0f} s left of "
+                f"--max-seconds {max_seconds:.0f}"
+            )
             log.warning(notes[-1])
             continue
         row = bench_size(n, end)
@@ -181,21 +192,31 @@ def run(sizes: list[int], max_seconds: float) -> dict[str, Any]:
         out[f"rss_filled_mib_{row['n']}"] = row["rss_filled_mib"]
     out["throughput"] = {f"fill far-future N={r['n']:,}": r["fill_msgs_per_s"] for r in rows}
     out["targets"] = [
-        {"name": f"wheel empty after restart (N={r['n']:,})", "value": r["wheel_size_after"],
-         "target": "== 0", "met": r["wheel_size_after"] == 0}
+        {
+            "name": f"wheel empty after restart (N={r['n']:,})",
+            "value": r["wheel_size_after"],
+            "target": "== 0",
+            "met": r["wheel_size_after"] == 0,
+        }
         for r in rows
     ] + [
-        {"name": f"cancel after restart (N={r['n']:,})", "value": r["cancelled_after_restart"],
-         "target": f"== {r['cancel_tried']} (all tried)",
-         "met": r["cancelled_after_restart"] == r["cancel_tried"] > 0}
-        for r in rows if r["complete"]
+        {
+            "name": f"cancel after restart (N={r['n']:,})",
+            "value": r["cancelled_after_restart"],
+            "target": f"== {r['cancel_tried']} (all tried)",
+            "met": r["cancelled_after_restart"] == r["cancel_tried"] > 0,
+        }
+        for r in rows
+        if r["complete"]
     ]
     return out
 
 
 def _table(rows: list[dict[str, Any]]) -> str:
-    head = (f"{'N':>10} {'fill msg/s':>11} {'RSS start':>10} {'RSS full':>9} {'recover s':>10} "
-            f"{'RSS after':>10} {'wheel':>6} {'unloaded':>9} {'dedupe':>8} {'cancel':>7}")
+    head = (
+        f"{'N':>10} {'fill msg/s':>11} {'RSS start':>10} {'RSS full':>9} {'recover s':>10} "
+        f"{'RSS after':>10} {'wheel':>6} {'unloaded':>9} {'dedupe':>8} {'cancel':>7}"
+    )
     lines = [head]
     for r in rows:
         lines.append(
@@ -203,7 +224,8 @@ def _table(rows: list[dict[str, Any]]) -> str:
             f"{r['rss_filled_mib']:>7.1f}MB {r['recovery_s']:>10.2f} "
             f"{r['rss_restarted_mib']:>8.1f}MB {r['wheel_size_after']:>6} "
             f"{r['unloaded_buckets_after']:>9} {r['dedupe_ids_after']:>8} "
-            f"{r['cancelled_after_restart']:>3}/{r['cancel_tried']:<3}")
+            f"{r['cancelled_after_restart']:>3}/{r['cancel_tried']:<3}"
+        )
     return "\n".join(lines)
 
 
