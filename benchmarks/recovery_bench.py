@@ -1,12 +1,13 @@
 """Crash recovery time vs backlog size, and broker memory vs a far-future backlog.
 
     python -m benchmarks.recovery_bench [--sizes 10000,100000,1000000] [--max-seconds 240]
-                                        [--json] [--smoke]
+                                        [--body-bytes 100] [--json] [--smoke]
 
 For each size N, on a fresh one-broker ``LocalCluster``:
 
-1. schedule N x 100 B messages a week ahead (spread over an hour), msgpack batches of 1000
-   posted straight to ``/v1/send`` by 4 concurrent connections (fsync before each ack);
+1. schedule N x 100 B (``--body-bytes``) messages a week ahead (spread over an hour),
+   msgpack batches of 1000 posted straight to ``/v1/send`` by 4 concurrent connections
+   (fsync before each ack);
 2. broker RSS before and after; then ``kill -9`` the broker and time ``start()``, which
    returns once the restarted broker serves (store recovered) -> recovery seconds;
 3. RSS after the restart, the store stats (``wheel_size`` must be 0: nothing a week ahead
@@ -39,7 +40,7 @@ from qclient.protocol import wire
 log = logging.getLogger(__name__)
 
 CHUNK = 1000
-BODY = b"x" * 100
+BODY_BYTES = 100
 TOPIC = "bench-recovery"
 WEEK_MS = 7 * 86_400_000
 SPREAD_MS = 3_600_000  # due times spread over one hour, a week ahead
@@ -51,7 +52,7 @@ def _deliver_at(base_ms: int, k: int, n: int) -> int:
     return base_ms + (k * SPREAD_MS) // max(1, n)
 
 
-def _bodies(prefix: str, n: int, base_ms: int) -> Iterator[bytes]:
+def _bodies(prefix: str, n: int, base_ms: int, body: bytes) -> Iterator[bytes]:
     """msgpack SendRequest bodies of CHUNK messages each, made lazily (1M do not fit well)."""
     for start in range(0, n, CHUNK):
         msgs = [
@@ -59,7 +60,7 @@ def _bodies(prefix: str, n: int, base_ms: int) -> Iterator[bytes]:
                 topic=TOPIC,
                 queue_id=k % 4,
                 msg_id=f"{prefix}-{k}",
-                body=BODY,
+                body=body,
                 deliver_at_ms=_deliver_at(base_ms, k, n),
             )
             for k in range(start, min(n, start + CHUNK))
@@ -122,7 +123,7 @@ def _cancel_some(addr: str, prefix: str, n: int, base_ms: int) -> tuple[int, int
     return done, len(ks)
 
 
-def bench_size(n: int, deadline: float) -> dict[str, Any]:
+def bench_size(n: int, deadline: float, body_bytes: int = BODY_BYTES) -> dict[str, Any]:
     """Fill one fresh broker with n far-future messages, crash it, time the restart."""
     prefix = f"rec{os.getpid()}-{n}"
     base_ms = int(time.time() * 1000) + WEEK_MS
@@ -131,7 +132,9 @@ def bench_size(n: int, deadline: float) -> dict[str, Any]:
         time.sleep(0.5)  # let the fresh process settle before the baseline RSS
         rss0 = _rss_mib(broker.pid)
         t0 = time.monotonic()
-        acked = asyncio.run(_fill(broker.addr, _bodies(prefix, n, base_ms), deadline))
+        acked = asyncio.run(
+            _fill(broker.addr, _bodies(prefix, n, base_ms, b"x" * body_bytes), deadline)
+        )
         fill_s = time.monotonic() - t0
         rss1 = _rss_mib(broker.pid)
         before = _stats(broker.addr)
@@ -144,12 +147,14 @@ def bench_size(n: int, deadline: float) -> dict[str, Any]:
         cancelled, tried = _cancel_some(broker.addr, prefix, n, base_ms) if acked == n else (0, 0)
     return {
         "n": n,
+        "body_bytes": body_bytes,
         "acked": acked,
         "complete": acked == n,
         "fill_s": round(fill_s, 3),
         "fill_msgs_per_s": round(acked / fill_s, 1) if fill_s else 0.0,
         "rss_start_mib": round(rss0, 1),
         "rss_filled_mib": round(rss1, 1),
+        "rss_growth_mib": round(rss1 - rss0, 1),
         "rss_per_1k_msgs_kib": round((rss1 - rss0) * 1024 / max(1, acked) * 1000, 1),
         "recovery_s": round(recovery_s, 3),
         "rss_restarted_mib": round(rss2, 1),
@@ -163,7 +168,7 @@ def bench_size(n: int, deadline: float) -> dict[str, Any]:
     }
 
 
-def run(sizes: list[int], max_seconds: float) -> dict[str, Any]:
+def run(sizes: list[int], max_seconds: float, body_bytes: int = BODY_BYTES) -> dict[str, Any]:
     """Every size in order, skipping those the time budget cannot hold."""
     t_start = time.monotonic()
     end = t_start + max_seconds
@@ -180,7 +185,7 @@ def run(sizes: list[int], max_seconds: float) -> dict[str, Any]:
             )
             log.warning(notes[-1])
             continue
-        row = bench_size(n, end)
+        row = bench_size(n, end, body_bytes)
         if not row["complete"]:
             notes.append(f"N={n:,}: only {row['acked']:,} scheduled before the time budget ran out")
         rows.append(row)
@@ -233,6 +238,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="10000,100000,1000000", help="comma-separated backlogs")
     p.add_argument("--max-seconds", type=float, default=240.0, help="time budget of the run")
+    p.add_argument("--body-bytes", type=int, default=BODY_BYTES, help="message body size")
     p.add_argument("--smoke", action="store_true", help="tiny run: sizes 2000,5000")
     p.add_argument("--json", action="store_true", help="print one JSON object last")
     a = p.parse_args()
@@ -243,7 +249,7 @@ def main() -> None:
     if a.smoke:
         a.sizes = "2000,5000"
     sizes = [int(s) for s in a.sizes.split(",") if s.strip()]
-    res = run(sizes, a.max_seconds)
+    res = run(sizes, a.max_seconds, a.body_bytes)
     print(_table(res["sizes"]))
     for note in res["notes"]:
         print(f"note: {note}")
