@@ -8,6 +8,8 @@ from dataclasses import dataclass, field, fields
 from datetime import timedelta
 from typing import Any
 
+from .protocol.wire import split_addrs
+
 __all__ = ["DEFAULT_MAX_DELAY", "ProducerConfig", "parse_addrs"]
 
 #: the broker's default maximum delay; validated before the network with the same bound
@@ -15,17 +17,8 @@ DEFAULT_MAX_DELAY = timedelta(days=40)
 _MS = timedelta(milliseconds=1)
 
 
-def parse_addrs(namesrv: str | Sequence[str]) -> tuple[str, ...]:
-    """``"h:p"``, ``"h:p,h2:p2"`` or a sequence of them -> a tuple of addresses."""
-    parts: list[str] = []
-    items = [namesrv] if isinstance(namesrv, str) else list(namesrv)
-    for item in items:
-        if not isinstance(item, str):
-            raise ValueError(f"name server address must be a string, got {type(item).__name__}")
-        parts.extend(p.strip() for p in item.split(",") if p.strip())
-    if not parts:
-        raise ValueError("at least one name server address is required")
-    return tuple(parts)
+#: ``"h:p,h2:p2"`` or a sequence -> a tuple of addresses (shared with the servers' CLI)
+parse_addrs = split_addrs
 
 
 @dataclass(frozen=True, slots=True)

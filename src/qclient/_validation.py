@@ -13,11 +13,13 @@ from ._config import ProducerConfig
 from ._ids import msg_ids, new_msg_id
 from ._models import Message
 from .errors import InvalidMessageError, MessageTooLargeError
+from .protocol import wire as proto
 from .protocol.wire import FLAG_COMPRESSED, TOPIC_RE, WireMessage
 
 __all__ = ["WireBuilder", "delay_to_ms", "deliver_at_to_ms", "message_to_wire", "to_wire"]
 
 _match_topic = TOPIC_RE.match
+_match_msg_id = proto.MSG_ID_RE.match
 
 
 def delay_to_ms(delay: Any, max_delay_ms: int) -> int:
@@ -104,18 +106,34 @@ def to_wire(
         deliver_at_ms = deliver_at_to_ms(deliver_at, cfg.max_delay_ms)
     if key is not None and not isinstance(key, str):
         raise InvalidMessageError(f"key must be a str, got {type(key).__name__}")
+    if key is not None and len(key) > proto.MAX_KEY_CHARS:
+        raise InvalidMessageError(f"key is longer than {proto.MAX_KEY_CHARS} characters")
     if tags is not None and not isinstance(tags, str):
         raise InvalidMessageError(f"tags must be a str, got {type(tags).__name__}")
+    if tags is not None and len(tags) > proto.MAX_TAGS_CHARS:
+        raise InvalidMessageError(f"tags is longer than {proto.MAX_TAGS_CHARS} characters")
     if properties is not None:
         if not isinstance(properties, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in properties.items()
         ):
             raise InvalidMessageError("properties must be a dict of str to str")
+        if len(properties) > proto.MAX_PROPERTIES:
+            raise InvalidMessageError(f"more than {proto.MAX_PROPERTIES} properties")
+        if any(
+            len(k) > proto.MAX_PROPERTY_KEY_CHARS or len(v) > proto.MAX_PROPERTY_VALUE_CHARS
+            for k, v in properties.items()
+        ):
+            raise InvalidMessageError(
+                f"a property key is over {proto.MAX_PROPERTY_KEY_CHARS} or a value over "
+                f"{proto.MAX_PROPERTY_VALUE_CHARS} characters"
+            )
         properties = dict(properties) or None
     if msg_id is None:
         msg_id = new_msg_id()
-    elif not isinstance(msg_id, str) or not msg_id or len(msg_id) > 128:
-        raise InvalidMessageError(f"msg_id must be a non-empty str of <= 128 chars: {msg_id!r}")
+    elif not isinstance(msg_id, str) or not _match_msg_id(msg_id):
+        raise InvalidMessageError(
+            f"msg_id must be 1-128 printable ASCII characters without spaces: {msg_id!r}"
+        )
     flag = 0
     if cfg.compress_threshold and size > cfg.compress_threshold:
         packed = zlib.compress(data, cfg.compress_level)
@@ -198,9 +216,9 @@ class WireBuilder:
             and 0 <= size <= self.compress_threshold
             and size <= self.max_size
             and message.properties is None
-            and (key is None or type(key) is str)
-            and (tags is None or type(tags) is str)
-            and (msg_id is None or (type(msg_id) is str and 0 < len(msg_id) <= 128))
+            and (key is None or (type(key) is str and len(key) <= proto.MAX_KEY_CHARS))
+            and (tags is None or (type(tags) is str and len(tags) <= proto.MAX_TAGS_CHARS))
+            and (msg_id is None or (type(msg_id) is str and _match_msg_id(msg_id) is not None))
         ):
             delay_ms = deliver_at_ms = None
             ok = True

@@ -126,9 +126,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
     from .protocol.wire import split_addrs
     from .server.broker import BrokerConfig, run
 
-    namesrv = split_addrs(args.namesrv)
-    if not namesrv:
-        raise CliError("--namesrv needs at least one HOST:PORT")
+    namesrv = list(split_addrs(args.namesrv))  # ValueError: one line, exit 1
     if args.auth_file and not os.path.isfile(args.auth_file):
         raise CliError(f"auth file {args.auth_file} does not exist")
     cfg = BrokerConfig(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import zlib
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -111,3 +112,32 @@ def test_secrets_never_in_reprs() -> None:
     with pytest.raises(TypeError):
         ProducerConfig.create("h:1", no_such_option=1)
     assert ProducerConfig.create(["a:1", "b:2,c:3"]).namesrv == ("a:1", "b:2", "c:3")
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"msg_id": "has space"},
+        {"msg_id": "x" * 129},
+        {"msg_id": "é"},
+        {"key": "k" * 1025},
+        {"tags": "t" * 257},
+        {"properties": {f"p{i}": "v" for i in range(65)}},
+        {"properties": {"k" * 257: "v"}},
+        {"properties": {"k": "v" * 4097}},
+    ],
+)
+def test_the_brokers_limits_are_checked_before_the_network(fields: dict[str, Any]) -> None:
+    """The broker refuses these with a 400; the SDK refuses them first (same limits)."""
+    from qclient import Message
+    from qclient._validation import WireBuilder
+
+    with pytest.raises(InvalidMessageError):
+        to_wire(CFG, "t", b"x", **fields)
+    with pytest.raises(InvalidMessageError):  # the fast path falls through to the same checks
+        WireBuilder(CFG).message(Message("t", b"x", **fields))
+
+
+def test_limits_at_the_edge_pass() -> None:
+    w = to_wire(CFG, "t", b"x", key="k" * 1024, tags="t" * 256, msg_id="~" * 128)
+    assert (len(w.key or ""), len(w.tags or ""), len(w.msg_id)) == (1024, 256, 128)

@@ -10,6 +10,7 @@ as base64) or MessagePack (``application/msgpack``, ``bytes`` raw). See
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
 import msgspec
@@ -18,6 +19,16 @@ import msgspec
 
 TOPIC_RE = re.compile(r"^[A-Za-z0-9_%|-]{1,127}$")
 GROUP_RE = TOPIC_RE
+#: message ids: 1-128 printable ASCII characters, no space
+MSG_ID_RE = re.compile(r"^[\x21-\x7e]{1,128}$")
+
+# Limits of one message, checked by the SDK before the network and again by the broker.
+MAX_KEY_CHARS = 1024
+MAX_TAGS_CHARS = 256
+MAX_PROPERTIES = 64
+MAX_PROPERTY_KEY_CHARS = 256
+MAX_PROPERTY_VALUE_CHARS = 4096
+MAX_QUEUES = 256
 
 PERM_READ = 4
 PERM_WRITE = 2
@@ -304,7 +315,13 @@ def base_url(addr: str) -> str:
     return addr if "://" in addr else f"http://{addr}"
 
 
-def split_addrs(addrs: str | list[str] | tuple[str, ...]) -> list[str]:
-    """``"a:1,b:2"`` or a sequence → a clean list of addresses."""
-    items = addrs.split(",") if isinstance(addrs, str) else list(addrs)
-    return [a.strip() for a in items if a and a.strip()]
+def split_addrs(addrs: str | Sequence[str]) -> tuple[str, ...]:
+    """``"h:p"``, ``"h:p,h2:p2"`` or a sequence of them -> a tuple of addresses."""
+    parts: list[str] = []
+    for item in [addrs] if isinstance(addrs, str) else list(addrs):
+        if not isinstance(item, str):
+            raise ValueError(f"name server address must be a string, got {type(item).__name__}")
+        parts.extend(p.strip() for p in item.split(",") if p.strip())
+    if not parts:
+        raise ValueError("at least one name server address is required")
+    return tuple(parts)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import httpx
 
 from ..protocol import auth
-from ..protocol.wire import JSON, MSGPACK
+from ..protocol.wire import JSON, MSGPACK, base_url
 
 __all__ = ["AioHttp", "AsyncHttp", "Credentials", "HttpResponse", "SyncHttp", "base_url"]
 
@@ -21,13 +21,6 @@ try:  # httpcore imports sniffio on every asyncio request; when it is not instal
     import sniffio  # noqa: F401  failed import re-scans sys.path (measured: ~1 ms a request)
 except ImportError:
     sys.modules.setdefault("sniffio", None)  # type: ignore[arg-type]  # fail fast instead
-
-
-def base_url(addr: str) -> str:
-    """``host:port`` (or a full ``http(s)://`` URL) -> the URL prefix of that server."""
-    if addr.startswith(("http://", "https://")):
-        return addr.rstrip("/")
-    return f"http://{addr}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 import ssl
 import sys
 import time
@@ -32,12 +31,11 @@ from .topics import TopicRegistry
 
 log = logging.getLogger(__name__)
 
-MSG_ID_RE = re.compile(r"^[\x21-\x7e]{1,128}$")
-MAX_KEY_CHARS = 1024
-MAX_TAGS_CHARS = 256
-MAX_PROPERTIES = 64
-MAX_PROPERTY_CHARS = 4096
-MAX_QUEUES = 256
+MSG_ID_RE = wire.MSG_ID_RE
+MAX_KEY_CHARS = wire.MAX_KEY_CHARS
+MAX_TAGS_CHARS = wire.MAX_TAGS_CHARS
+MAX_PROPERTIES = wire.MAX_PROPERTIES
+MAX_QUEUES = wire.MAX_QUEUES
 KNOWN_FLAGS = wire.FLAG_COMPRESSED
 
 
@@ -186,7 +184,7 @@ class Broker:
                     f"{where}.properties has more than {MAX_PROPERTIES} entries",
                 )
             for k, v in m.properties.items():
-                if len(k) > 256 or len(v) > MAX_PROPERTY_CHARS:
+                if len(k) > wire.MAX_PROPERTY_KEY_CHARS or len(v) > wire.MAX_PROPERTY_VALUE_CHARS:
                     raise ApiError(
                         400, ErrorCode.INVALID_MESSAGE, f"{where}.properties entry too long"
                     )
