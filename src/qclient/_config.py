@@ -116,7 +116,3 @@ class ProducerConfig:
     @property
     def max_delay_ms(self) -> int:
         return self.max_delay // _MS
-
-    @property
-    def signing(self) -> bool:
-        return self.access_key is not None and self.secret_key is not None

@@ -65,7 +65,6 @@ class NodeHandle:
         self.port = port
         self.scheme = scheme
         self._args = args
-        self._workdir = workdir
         self._env = dict(env) if env else None
         self.log_path = workdir / f"{name}.log"
         self._ready_file = workdir / f"{name}.ready"
@@ -250,7 +249,6 @@ class LocalCluster:
             self._broker_specs.append((name, args))
         self.brokers: list[NodeHandle] = []
         self._http = httpx.Client(timeout=2.0, verify=not tls_cert)
-        self._started = False
 
     def __repr__(self) -> str:
         return f"<LocalCluster namesrv={self.namesrv!r} brokers={[b.name for b in self.brokers]}>"
@@ -301,7 +299,6 @@ class LocalCluster:
         except BaseException:
             self.stop()
             raise
-        self._started = True
         return self
 
     def stop(self) -> None:

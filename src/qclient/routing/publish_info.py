@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -31,7 +30,6 @@ class TopicPublishInfo:
     queues: tuple[MessageQueue, ...]
     broker_addrs: dict[str, str]
     route: TopicRoute
-    fetched_at: float = field(default_factory=time.monotonic)
     fresh_until: float = 0.0
     #: brokers that left this topic's route recently -> when (set by RouteCache)
     lost: dict[str, float] = field(default_factory=dict)

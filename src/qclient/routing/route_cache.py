@@ -96,7 +96,6 @@ class RouteCache:
                 lost.update((b, now) for b in old.by_broker if b not in info.by_broker)
             # while brokers are missing, look again soon so one that returns gets traffic
             info.lost = lost
-            info.fetched_at = now
             info.fresh_until = now + (self.recheck_interval if lost else self.refresh_interval)
             self._fresh[topic] = info
             self._last_good[topic] = info

@@ -21,7 +21,7 @@ class BrokerLive:
 class RouteTable:
     """Brokers keyed by name; a broker that misses heartbeats for ``expire_ms`` is dropped."""
 
-    def __init__(self, expire_ms: int, clock_ms: object = None) -> None:
+    def __init__(self, expire_ms: int) -> None:
         self.expire_ms = expire_ms
         self._brokers: dict[str, BrokerLive] = {}
         self._lock = threading.Lock()

@@ -192,10 +192,6 @@ class MessageLog:
         except FileNotFoundError:
             return b""  # deleted by retention meanwhile
 
-    @property
-    def first_position(self) -> int:
-        return self._bases[0]
-
     def segment_bounds(self) -> list[tuple[int, int]]:
         """(base, end) of every sealed segment (all but the active one), oldest first."""
         bases = self._bases
