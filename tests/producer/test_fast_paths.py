@@ -147,7 +147,7 @@ def _reference_select_for_id(
     s: MQFaultStrategy, info: TopicPublishInfo, msg_id: str, last_broker: str | None = None
 ) -> Any:
     """select_for_id as first written (one broker set, sort and list per call)."""
-    import hashlib
+    import xxhash
 
     queues = info.queues
     brokers = {q.broker_name for q in queues}
@@ -156,12 +156,12 @@ def _reference_select_for_id(
     candidates = (candidates - unreachable) or candidates
     key = msg_id.encode()
 
-    def score(broker: str) -> bytes:
-        return hashlib.blake2b(key + b"\x00" + broker.encode(), digest_size=8).digest()
+    def score(broker: str) -> int:
+        return xxhash.xxh3_64_intdigest(key, xxhash.xxh3_64_intdigest(broker.encode()))
 
     broker = max(sorted(candidates), key=score)
     mine = [q for q in queues if q.broker_name == broker]
-    pick = int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little")
+    pick = xxhash.xxh3_64_intdigest(key)
     return mine[pick % len(mine)]
 
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Sequence
+
+import xxhash
 
 from ..routing.publish_info import MessageQueue, TopicPublishInfo
 from .index import POSITIVE_MASK
@@ -154,12 +155,28 @@ class MQFaultStrategy:
         """``select_for_id(info, id)`` for each id (first attempts), the brokers' health
         read once for all of them."""
         order, by_broker = self._id_brokers(info, None)
-        return [_pick_for_id(i, order, by_broker) for i in msg_ids]
+        if len(order) != 2:
+            return [_pick_for_id(i, order, by_broker) for i in msg_ids]
+        # The common two-broker case inlined (a Spark sink's 50k ids/s spend most of their
+        # routing time in this loop).
+        (a, seed_a), (b, seed_b) = order
+        qa, qb = by_broker[a], by_broker[b]
+        na, nb = len(qa), len(qb)
+        out: list[MessageQueue] = []
+        append = out.append
+        for i in msg_ids:
+            key = i.encode()
+            pick = _hash(key)
+            if _hash(key, seed_b) > _hash(key, seed_a):
+                append(qb[pick % nb])
+            else:
+                append(qa[pick % na])
+        return out
 
     def _id_brokers(
         self, info: TopicPublishInfo, last_broker: str | None
-    ) -> tuple[list[tuple[str, bytes]], dict[str, list[MessageQueue]]]:
-        """The candidate brokers of ``select_for_id`` (sorted, with their encoded names)
+    ) -> tuple[list[tuple[str, int]], dict[str, list[MessageQueue]]]:
+        """The candidate brokers of ``select_for_id`` (sorted, with their hash seeds)
         and the queues of each broker in route order."""
         queues = info.queues
         if not queues:
@@ -181,24 +198,32 @@ class MQFaultStrategy:
             candidates = (candidates - unreachable) or candidates
         if not candidates:
             candidates = brokers
-        return [(b, b"\x00" + b.encode()) for b in sorted(candidates)], by_broker
+        return [(b, _broker_seed(b)) for b in sorted(candidates)], by_broker
+
+
+#: xxHash3 (64-bit): a well-mixed hash ~7x cheaper than blake2b from Python; ids are not
+#: secrets, so no keyed hash is needed
+_hash = xxhash.xxh3_64_intdigest
+
+
+def _broker_seed(name: str) -> int:
+    """The seed that makes a broker's rendezvous score of an id its own."""
+    return _hash(name.encode())
 
 
 def _pick_for_id(
-    msg_id: str, order: list[tuple[str, bytes]], by_broker: dict[str, list[MessageQueue]]
+    msg_id: str, order: list[tuple[str, int]], by_broker: dict[str, list[MessageQueue]]
 ) -> MessageQueue:
     """Rendezvous hashing: the candidate (in ``order``) with the highest hash of the id
-    and its name (the first of equals), then the id's own hash picks the queue."""
+    seeded with its name (the first of equals), then the id's own hash picks the queue."""
     key = msg_id.encode()
-    blake2b = hashlib.blake2b
     if len(order) == 1:
         broker = order[0][0]
     else:
-        broker, best = "", None
-        for name, suffix in order:
-            score = blake2b(key + suffix, digest_size=8).digest()
-            if best is None or score > best:
+        broker, best = "", -1
+        for name, seed in order:
+            score = _hash(key, seed)
+            if score > best:
                 broker, best = name, score
     mine = by_broker[broker]
-    pick = int.from_bytes(blake2b(key, digest_size=8).digest(), "little")
-    return mine[pick % len(mine)]
+    return mine[_hash(key) % len(mine)]
