@@ -5,7 +5,15 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from ._models import DELAY_LEVELS, Message, ReceivedMessage, SendResult, SendStatus, delay_level
+from ._models import (
+    DELAY_LEVELS,
+    Message,
+    MessageBatch,
+    ReceivedMessage,
+    SendResult,
+    SendStatus,
+    delay_level,
+)
 from .errors import (
     AuthError,
     BrokerUnavailableError,
@@ -34,6 +42,7 @@ __all__ = [
     "InvalidMessageError",
     "LocalCluster",
     "Message",
+    "MessageBatch",
     "MessageTooLargeError",
     "Producer",
     "QClientError",

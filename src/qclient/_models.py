@@ -1,13 +1,24 @@
-"""Public value types: Message, SendResult, SendStatus, ReceivedMessage."""
+"""Public value types: Message, MessageBatch, SendResult, SendStatus, ReceivedMessage."""
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-__all__ = ["DELAY_LEVELS", "Message", "ReceivedMessage", "SendResult", "SendStatus", "delay_level"]
+import msgspec
+
+__all__ = [
+    "DELAY_LEVELS",
+    "Message",
+    "MessageBatch",
+    "ReceivedMessage",
+    "SendResult",
+    "SendStatus",
+    "delay_level",
+]
 
 
 class SendStatus(enum.StrEnum):
@@ -62,9 +73,13 @@ class Message:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class SendResult:
-    """An acknowledged message: where it is stored and when it will be delivered."""
+class SendResult(msgspec.Struct, frozen=True):
+    """An acknowledged message: where it is stored and when it will be delivered.
+
+    Immutable and hashable. A ``msgspec.Struct`` rather than a dataclass: one is made per
+    acknowledged message, and building a frozen dataclass cost ~1 us more each (2 % of
+    a core at 20k msgs/s).
+    """
 
     msg_id: str
     status: SendStatus
@@ -76,6 +91,130 @@ class SendResult:
     @property
     def deliver_at(self) -> datetime:
         return datetime.fromtimestamp(self.deliver_at_ms / 1000, tz=UTC)
+
+
+class MessageBatch:
+    """Many messages as columns: one topic (or one per message) and a list per field.
+
+    The cheap way to hand thousands of similar messages to ``send_batch``: no ``Message``
+    object per row, and the columns are checked as columns (the same limits and errors
+    as for ``Message``). Times are integers in milliseconds here: ``delay_ms`` relative,
+    ``deliver_at_ms`` epoch; a row gives at most one of them (``None`` = unset, neither =
+    deliver now). An optional column is ``None`` or has one entry per message.
+    Slicing (``batch[lo:hi]``) gives a batch of those rows.
+    """
+
+    __slots__ = (
+        "bodies",
+        "delay_ms",
+        "deliver_at_ms",
+        "keys",
+        "msg_ids",
+        "properties",
+        "tags",
+        "topic",
+    )
+
+    def __init__(
+        self,
+        topic: str | Sequence[str],
+        bodies: Sequence[bytes | str],
+        *,
+        msg_ids: Sequence[str | None] | None = None,
+        delay_ms: Sequence[int | None] | None = None,
+        deliver_at_ms: Sequence[int | None] | None = None,
+        keys: Sequence[str | None] | None = None,
+        tags: Sequence[str | None] | None = None,
+        properties: Sequence[dict[str, str] | None] | None = None,
+    ) -> None:
+        n = len(bodies)
+        for name, col in (
+            ("topic", None if isinstance(topic, str) else topic),
+            ("msg_ids", msg_ids),
+            ("delay_ms", delay_ms),
+            ("deliver_at_ms", deliver_at_ms),
+            ("keys", keys),
+            ("tags", tags),
+            ("properties", properties),
+        ):
+            if col is not None and len(col) != n:
+                from .errors import InvalidMessageError
+
+                raise InvalidMessageError(
+                    f"MessageBatch: {name} has {len(col)} entries for {n} bodies"
+                )
+        self.topic = topic
+        self.bodies = bodies
+        self.msg_ids = msg_ids
+        self.delay_ms = delay_ms
+        self.deliver_at_ms = deliver_at_ms
+        self.keys = keys
+        self.tags = tags
+        self.properties = properties
+
+    def __len__(self) -> int:
+        return len(self.bodies)
+
+    def __getitem__(self, rows: slice) -> MessageBatch:
+        if not isinstance(rows, slice):
+            raise TypeError("MessageBatch rows are taken by slice: batch[lo:hi]")
+
+        def cut(col: Sequence[Any] | None) -> Any:
+            return None if col is None else col[rows]
+
+        topic = self.topic if isinstance(self.topic, str) else self.topic[rows]
+        return MessageBatch(
+            topic,
+            self.bodies[rows],
+            msg_ids=cut(self.msg_ids),
+            delay_ms=cut(self.delay_ms),
+            deliver_at_ms=cut(self.deliver_at_ms),
+            keys=cut(self.keys),
+            tags=cut(self.tags),
+            properties=cut(self.properties),
+        )
+
+    def take(self, rows: Sequence[int]) -> MessageBatch:
+        """A batch of the given rows, in that order."""
+
+        def pick(col: Sequence[Any] | None) -> Any:
+            return None if col is None else [col[i] for i in rows]
+
+        topic = self.topic if isinstance(self.topic, str) else pick(self.topic)
+        return MessageBatch(
+            topic,
+            pick(self.bodies),
+            msg_ids=pick(self.msg_ids),
+            delay_ms=pick(self.delay_ms),
+            deliver_at_ms=pick(self.deliver_at_ms),
+            keys=pick(self.keys),
+            tags=pick(self.tags),
+            properties=pick(self.properties),
+        )
+
+    def msg_id(self, row: int) -> str | None:
+        """The id given for ``row`` (``None``: the producer makes one)."""
+        return None if self.msg_ids is None else self.msg_ids[row]
+
+    def __iter__(self) -> Iterator[Message]:
+        """The rows as ``Message`` objects (times in seconds, as ``Message`` takes them)."""
+        for i in range(len(self.bodies)):
+            d = None if self.delay_ms is None else self.delay_ms[i]
+            at = None if self.deliver_at_ms is None else self.deliver_at_ms[i]
+            yield Message(
+                self.topic if isinstance(self.topic, str) else self.topic[i],
+                self.bodies[i],
+                key=None if self.keys is None else self.keys[i],
+                tags=None if self.tags is None else self.tags[i],
+                properties=None if self.properties is None else self.properties[i],
+                delay=None if d is None else timedelta(milliseconds=d),
+                deliver_at=None if at is None else at / 1000,
+                msg_id=self.msg_id(i),
+            )
+
+    def __repr__(self) -> str:
+        topic = self.topic if isinstance(self.topic, str) else "<per message>"
+        return f"MessageBatch(topic={topic!r}, {len(self.bodies)} messages)"
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import math
+import re
 import time
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime, timedelta
+from itertools import repeat
 from typing import Any
 
 from ._config import ProducerConfig
 from ._ids import msg_ids, new_msg_id
-from ._models import Message
+from ._models import Message, MessageBatch
 from .errors import InvalidMessageError, MessageTooLargeError
 from .protocol import wire as proto
 from .protocol.wire import FLAG_COMPRESSED, TOPIC_RE, WireMessage
@@ -20,6 +22,9 @@ __all__ = ["WireBuilder", "delay_to_ms", "deliver_at_to_ms", "message_to_wire", 
 
 _match_topic = TOPIC_RE.match
 _match_msg_id = proto.MSG_ID_RE.match
+#: many msg_ids at once: joined with "\n" (not an id character), checked in one C call
+_IDS_JOINED = re.compile(r"(?:[\x21-\x7e]{1,128}\n)*")
+_NONE = type(None)
 
 
 def delay_to_ms(delay: Any, max_delay_ms: int) -> int:
@@ -262,3 +267,185 @@ class WireBuilder:
         except InvalidMessageError as exc:
             raise type(exc)(f"message #{len(out)}: {exc}") from None
         return out
+
+    # --- columns (MessageBatch) --------------------------------------------------------
+
+    def columns(self, batch: MessageBatch) -> list[WireMessage]:
+        """A ``MessageBatch``, checked column by column (a few C-level passes), then one
+        ``WireMessage`` per row. A batch the column checks cannot vouch for (a body to
+        compress, properties, a bad value...) is built row by row with ``to_wire``'s
+        checks, and the first bad row fails it (``message #i: ...``)."""
+        n = len(batch)
+        if not n:
+            return []
+        now_ms = time.time_ns() // 1_000_000
+        fast = self._fast_columns(batch, n, now_ms)
+        if fast is not None:
+            return fast
+        out = []
+        try:
+            for i in range(n):
+                out.append(self._row(batch, i, now_ms))
+        except InvalidMessageError as exc:
+            raise type(exc)(f"message #{len(out)}: {exc}") from None
+        return out
+
+    def _fast_columns(self, batch: MessageBatch, n: int, now_ms: int) -> list[WireMessage] | None:
+        """The common batch in bulk, or ``None`` for the row-by-row path."""
+        topic = batch.topic
+        topics: Iterable[str]
+        if isinstance(topic, str):
+            if not _known_topic(topic):
+                return None
+            topics = repeat(topic, n)
+        else:
+            if not all(type(t) is str and _known_topic(t) for t in set(topic)):
+                return None
+            topics = topic
+        bodies: Sequence[Any] = batch.bodies
+        kinds = set(map(type, bodies))
+        if kinds != {bytes}:
+            if not kinds <= {bytes, str}:
+                return None
+            try:
+                bodies = [b.encode() if type(b) is str else b for b in bodies]
+            except UnicodeEncodeError:
+                return None
+        if max(map(len, bodies)) > min(self.compress_threshold, self.max_size):
+            return None
+        if batch.properties is not None and any(p is not None for p in batch.properties):
+            return None
+        ids: Iterable[Any]
+        if batch.msg_ids is None:
+            ids = msg_ids()
+        else:
+            given: Sequence[Any] = batch.msg_ids
+            if set(map(type, given)) != {str}:
+                return None
+            joined = "\n".join(given) + "\n"
+            # (the count: an id with a "\n" of its own would pass as two)
+            if joined.count("\n") != n or not _IDS_JOINED.fullmatch(joined):
+                return None
+            ids = given
+        try:
+            delays = _ms_column(batch.delay_ms, 0, self.max_delay_ms)
+            deliver = _ms_column(batch.deliver_at_ms, 0, now_ms + self.max_delay_ms)
+            keys = _str_column(batch.keys, proto.MAX_KEY_CHARS)
+            tags = _str_column(batch.tags, proto.MAX_TAGS_CHARS)
+        except _RowByRow:
+            return None
+        if (
+            delays is not None
+            and deliver is not None
+            and any(d is not None and a is not None for d, a in zip(delays, deliver, strict=True))
+        ):
+            return None
+
+        def absent() -> Iterator[None]:
+            return repeat(None, n)  # one per column: map() advances each argument
+
+        return list(
+            map(
+                WireMessage,
+                topics,
+                repeat(0, n),
+                ids,  # (msg_ids() is endless: the other columns end the map)
+                bodies,
+                absent() if keys is None else keys,
+                absent() if tags is None else tags,
+                absent(),
+                absent() if delays is None else delays,
+                absent() if deliver is None else deliver,
+                repeat(0, n),
+            )
+        )
+
+    def _row(self, batch: MessageBatch, i: int, now_ms: int) -> WireMessage:
+        """One row of a batch, with every check of ``to_wire`` and the ms columns'."""
+        delay = _ms_value("delay_ms", batch.delay_ms, i)
+        deliver_at = _ms_value("deliver_at_ms", batch.deliver_at_ms, i)
+        if delay is not None:
+            if deliver_at is not None:
+                raise InvalidMessageError("give at most one of delay_ms and deliver_at_ms")
+            if not 0 <= delay <= self.max_delay_ms:
+                raise InvalidMessageError(
+                    f"delay_ms must be 0..{self.max_delay_ms} (the maximum delay), got {delay}"
+                )
+        if deliver_at is not None and not 0 <= deliver_at <= now_ms + self.max_delay_ms:
+            raise InvalidMessageError(
+                f"deliver_at_ms {deliver_at} is negative or beyond the maximum delay of "
+                f"{self.max_delay_ms // 1000}s"
+            )
+        topic = batch.topic if isinstance(batch.topic, str) else batch.topic[i]
+        wire = to_wire(
+            self.cfg,
+            topic,
+            batch.bodies[i],
+            None if batch.keys is None else batch.keys[i],
+            None if batch.tags is None else batch.tags[i],
+            None if batch.properties is None else batch.properties[i],
+            None,
+            None,
+            batch.msg_id(i),
+        )
+        if len(_good_topics) < _MAX_GOOD_TOPICS:
+            _good_topics.add(topic)  # it passed to_wire's check
+        wire.delay_ms, wire.deliver_at_ms = delay, deliver_at
+        return wire
+
+
+def _known_topic(topic: str) -> bool:
+    """A valid topic (remembered once seen: a set hit is ~10x cheaper than the regex)."""
+    if topic in _good_topics:
+        return True
+    if _match_topic(topic) is None:
+        return False
+    if len(_good_topics) < _MAX_GOOD_TOPICS:
+        _good_topics.add(topic)
+    return True
+
+
+class _RowByRow(Exception):
+    """A column the bulk checks cannot vouch for: build the batch row by row."""
+
+
+def _ms_column(col: Sequence[Any] | None, lo: int, hi: int) -> Sequence[Any] | None:
+    """``col`` if every entry is an int in lo..hi or None (None: no value in any row)."""
+    if col is None:
+        return None
+    kinds = set(map(type, col))
+    if kinds == {int}:
+        values: Sequence[int] = col
+    elif kinds == {int, _NONE}:
+        values = [v for v in col if v is not None]
+    elif kinds == {_NONE}:
+        return None
+    else:
+        raise _RowByRow
+    if not lo <= min(values) or max(values) > hi:
+        raise _RowByRow
+    return col
+
+
+def _str_column(col: Sequence[Any] | None, max_chars: int) -> Sequence[Any] | None:
+    """``col`` if every entry is a str of at most ``max_chars`` or None."""
+    if col is None:
+        return None
+    kinds = set(map(type, col))
+    if kinds == {_NONE}:
+        return None
+    if not kinds <= {str, _NONE} or max(len(v) for v in col if v is not None) > max_chars:
+        raise _RowByRow
+    return col
+
+
+def _ms_value(name: str, col: Sequence[Any] | None, i: int) -> int | None:
+    """Row ``i`` of a milliseconds column: an int (any integral type) or None."""
+    if col is None:
+        return None
+    v = col[i]
+    if v is None:
+        return None
+    if isinstance(v, bool) or not hasattr(v, "__index__"):
+        raise InvalidMessageError(f"{name} must be an int (milliseconds), got {type(v).__name__}")
+    return int(v.__index__())

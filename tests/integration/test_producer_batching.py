@@ -8,7 +8,7 @@ from concurrent.futures import Future
 
 import pytest
 
-from qclient import AsyncProducer, LocalCluster, Message, Producer, SendResult
+from qclient import AsyncProducer, LocalCluster, Message, MessageBatch, Producer, SendResult
 from qclient.errors import BufferFullError, QClientError
 
 from .helpers import drain
@@ -37,6 +37,32 @@ def test_send_batch_2000_in_order_all_delivered(cluster: LocalCluster) -> None:
     delivered = {m.msg_id: m.body for m in got}
     assert len(delivered) == 2000
     assert all(delivered[f"b-{i}"] == b for i, b in enumerate(bodies))
+
+
+def test_message_batch_columns_delivered_once_on_their_brokers(cluster: LocalCluster) -> None:
+    n = 3000
+    now_ms = int(time.time() * 1000)
+    batch = MessageBatch(
+        "columns",
+        [f"col-{i}".encode() for i in range(n)],
+        msg_ids=[f"c-{i}" for i in range(n)],
+        delay_ms=[300 if i % 2 else None for i in range(n)],
+        deliver_at_ms=[None if i % 2 else now_ms + 500 for i in range(n)],
+        keys=[f"k{i % 10}" for i in range(n)],
+    )
+    with Producer(cluster.namesrv) as p:
+        first = p.send_batch(batch)
+        again = p.send_batch(batch[:1000])  # a replay: the same ids, the same brokers
+    assert [r.msg_id for r in first] == [f"c-{i}" for i in range(n)]
+    assert {r.broker_name for r in first} == {"broker-a", "broker-b"}
+    assert [r.broker_name for r in again] == [r.broker_name for r in first[:1000]]
+    assert all(r.deliver_at_ms == now_ms + 500 for r in first[::2])
+    got = drain(cluster.namesrv, "columns", "g", n, timeout=30, settle=1.0)
+    assert len(got) == n  # the replayed 1000 were deduplicated
+    by_id = {m.msg_id: m for m in got}
+    assert all(by_id[f"c-{i}"].body == f"col-{i}".encode() for i in range(n))
+    assert by_id["c-7"].key == "k7"
+    assert all(m.fired_at_ms >= m.deliver_at_ms for m in got)
 
 
 def test_5000_send_async_all_done_after_flush(cluster: LocalCluster) -> None:
@@ -129,16 +155,18 @@ def test_close_timeout_fails_pending_futures(tmp_path) -> None:
 
 
 def test_async_producer_gather_and_batch(cluster: LocalCluster) -> None:
-    async def main() -> tuple[list[SendResult], list[SendResult]]:
+    async def main() -> tuple[list[SendResult], list[SendResult], list[SendResult]]:
         async with AsyncProducer(cluster.namesrv) as ap:
             gathered = await asyncio.gather(
                 *(ap.send_delayed("aio", f"g{i}", delay=0.5) for i in range(1000))
             )
             batch = await ap.send_batch([Message("aio", f"b{i}", delay=0.5) for i in range(1000)])
-            return list(gathered), batch
+            columns = await ap.send_batch(MessageBatch("aio", [b"c"] * 500, delay_ms=[500] * 500))
+            return list(gathered), batch, columns
 
-    gathered, batch = asyncio.run(main())
+    gathered, batch, columns = asyncio.run(main())
     assert len({r.msg_id for r in gathered}) == 1000 and len(batch) == 1000
+    assert len({r.msg_id for r in columns}) == 500
     assert {r.broker_name for r in gathered} == {"broker-a", "broker-b"}
-    got = drain(cluster.namesrv, "aio", "g", 2000, timeout=30)
-    assert {m.msg_id for m in got} == {r.msg_id for r in gathered + batch}
+    got = drain(cluster.namesrv, "aio", "g", 2500, timeout=30)
+    assert {m.msg_id for m in got} == {r.msg_id for r in gathered + batch + columns}

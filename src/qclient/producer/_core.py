@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +21,7 @@ import msgspec
 import tenacity
 
 from .._config import ProducerConfig
-from .._models import Message, SendResult, SendStatus
+from .._models import Message, MessageBatch, SendResult, SendStatus
 from .._validation import WireBuilder, to_wire
 from ..errors import (
     BrokerUnavailableError,
@@ -247,9 +247,18 @@ class ProducerCore:
     ) -> WireMessage:
         return to_wire(self.cfg, topic, body, key, tags, properties, delay, deliver_at, msg_id)
 
-    def wires(self, messages: Sequence[Message]) -> list[WireMessage]:
-        """Validate a batch; the first bad message fails the call before any network."""
-        return self.builder.messages(messages)
+    def prepare(
+        self, messages: Iterable[Message] | MessageBatch
+    ) -> tuple[list[WireMessage], list[bool]]:
+        """Validate a batch (the first bad message fails the call, before any network):
+        the wire messages, and for each whether the caller chose its id (``Item.pinned``)."""
+        if isinstance(messages, MessageBatch):
+            wires = self.builder.columns(messages)
+            ids = messages.msg_ids
+            return wires, [False] * len(wires) if ids is None else [i is not None for i in ids]
+        msgs = messages if isinstance(messages, list) else list(messages)
+        wires = self.builder.messages(msgs)  # every item is a Message once this returns
+        return wires, [m.msg_id is not None for m in msgs]
 
     # --- routes ----------------------------------------------------------------------
 

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from .._models import Message, SendResult
+from .._models import Message, MessageBatch, SendResult
 from ..errors import (
     BrokerUnavailableError,
     InvalidMessageError,
@@ -218,21 +218,20 @@ class AsyncProducer(ProducerBase):
             raise InvalidMessageError("send_delayed needs exactly one of delay and deliver_at")
         return await self._send_one(topic, body, key, tags, properties, delay, deliver_at, msg_id)
 
-    async def send_batch(self, messages: Iterable[Message]) -> list[SendResult]:
+    async def send_batch(self, messages: Iterable[Message] | MessageBatch) -> list[SendResult]:
         """As ``Producer.send_batch``: results in input order, ``BatchSendError`` if any
         message is not acknowledged."""
         self._check_open()
-        msgs = list(messages)
-        if not msgs:
+        wires, pinned = self._core.prepare(messages)
+        if not wires:
             return []
-        wires = self._core.wires(msgs)
         infos: dict[str, TopicPublishInfo] = {}
         for w in wires:
             if w.topic not in infos:
                 infos[w.topic] = await self._info(w.topic)
         items = [
-            Item(i, w, infos[w.topic], pinned=m.msg_id is not None)
-            for i, (w, m) in enumerate(zip(wires, msgs, strict=True))
+            Item(i, w, infos[w.topic], pinned=p)
+            for i, (w, p) in enumerate(zip(wires, pinned, strict=True))
         ]
         results = await run_async(self._core.plan_send(items), self._http, self._slots)
         return batch_outcome(results)

@@ -10,7 +10,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime, timedelta
 from typing import Any
 
-from .._models import Message, SendResult
+from .._models import Message, MessageBatch, SendResult
 from ..errors import BrokerUnavailableError, InvalidMessageError, QClientError
 from ..fault.index import ThreadLocalIndex
 from ..routing.nameserver import NameServerClient
@@ -155,22 +155,22 @@ class Producer(ProducerBase):
             raise InvalidMessageError("send_delayed needs exactly one of delay and deliver_at")
         return self._send_one(topic, body, key, tags, properties, delay, deliver_at, msg_id)
 
-    def send_batch(self, messages: Iterable[Message]) -> list[SendResult]:
-        """Send many messages: one request per target broker per chunk, chunks to
-        different brokers concurrently; results in input order. If any message is not
-        acknowledged, raises ``BatchSendError`` whose ``.results`` say which were."""
+    def send_batch(self, messages: Iterable[Message] | MessageBatch) -> list[SendResult]:
+        """Send many messages (``Message`` objects, or the columns of a ``MessageBatch``):
+        one request per target broker per chunk, chunks to different brokers
+        concurrently; results in input order. If any message is not acknowledged, raises
+        ``BatchSendError`` whose ``.results`` say which were."""
         self._check_open()
-        msgs = list(messages)
-        if not msgs:
+        wires, pinned = self._core.prepare(messages)
+        if not wires:
             return []
-        wires = self._core.wires(msgs)
         infos: dict[str, TopicPublishInfo] = {}
         for w in wires:
             if w.topic not in infos:
                 infos[w.topic] = self._info(w.topic)
         items = [
-            Item(i, w, infos[w.topic], None, m.msg_id is not None)
-            for i, (w, m) in enumerate(zip(wires, msgs, strict=True))
+            Item(i, w, infos[w.topic], None, p)
+            for i, (w, p) in enumerate(zip(wires, pinned, strict=True))
         ]
         results = run_sync(self._core.plan_send(items), self._http, self._executor, self._slots)
         return batch_outcome(results)
