@@ -1,5 +1,6 @@
 """The sink's core, shared by the data source, the foreachBatch helper and the pandas UDF:
-Arrow record batches → ``qclient.Message`` → ``Producer.send_batch`` with re-sends, counted.
+Arrow record batches → ``qclient.MessageBatch`` (columns, no object per row) →
+``Producer.send_batch`` with re-sends, counted.
 
 Nothing here imports pyspark, so it runs (and is tested) in any Python process.
 """
@@ -11,10 +12,9 @@ import time
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
-from qclient._models import Message, SendResult
+from qclient._models import Message, MessageBatch, SendResult
 from qclient.errors import (
     AuthError,
     BatchSendError,
@@ -71,7 +71,10 @@ def describe(err: BaseException) -> str:
     return f"{where}: {type(err).__name__}: {err}"
 
 
-def _send_once(producer: Any, batch: list[Message]) -> list[SendResult | QClientError]:
+Batch = MessageBatch | Sequence[Message]
+
+
+def _send_once(producer: Any, batch: Batch) -> list[SendResult | QClientError]:
     """One ``send_batch`` round: an outcome per message, never an exception.
 
     The SDK validates a whole batch before any network call and refuses all of it for one
@@ -95,7 +98,7 @@ def _send_once(producer: Any, batch: list[Message]) -> list[SendResult | QClient
 
 
 def send_with_retries(
-    producer: Any, messages: Sequence[Message], *, retries: int, backoff: float
+    producer: Any, messages: Batch, *, retries: int, backoff: float
 ) -> tuple[list[SendResult | QClientError], int]:
     """Send through ``producer.send_batch``; re-send retryable failures up to ``retries`` times.
 
@@ -108,7 +111,13 @@ def send_with_retries(
     resent = 0
     attempt = 0
     while pending:
-        results = _send_once(producer, [messages[i] for i in pending])
+        if len(pending) == len(messages):
+            todo: Batch = messages
+        elif isinstance(messages, MessageBatch):
+            todo = messages.take(pending)
+        else:
+            todo = [messages[i] for i in pending]
+        results = _send_once(producer, todo)
         retry: list[int] = []
         for i, res in zip(pending, results, strict=True):
             outcomes[i] = res
@@ -216,8 +225,10 @@ class PartitionSender:
         self.counts = PartitionCounts(partition_id=partition_id)
         self._position = 0
 
-    def messages(self, batch: pa.RecordBatch) -> list[Message]:
-        """The batch's rows as messages; ids derived from the row position when not given."""
+    def messages(self, batch: pa.RecordBatch) -> MessageBatch:
+        """The batch's rows as a ``MessageBatch`` (columns straight from Arrow, no object
+        per row); ids derived from the row position when not given."""
+        import pyarrow as pa
         import pyarrow.compute as pc
 
         n = batch.num_rows
@@ -231,14 +242,20 @@ class PartitionSender:
         if value_col.null_count:
             first = pc.index(pc.is_null(value_col), True).as_py()
             raise SinkSchemaError(f"row {start + first}: 'value' is null")
+        if pa.types.is_string(value_col.type) or pa.types.is_large_string(value_col.type):
+            # UTF-8 already: reading the same buffers as binary gives bytes, no re-encoding
+            value_col = value_col.cast(
+                pa.binary() if pa.types.is_string(value_col.type) else pa.large_binary()
+            )
         values = value_col.to_pylist()
 
         default_topic = self.options.topic
         idx = schema.get_field_index("topic")
+        topics: str | list[Any]
         if idx < 0:
             if default_topic is None:
                 raise SinkSchemaError("no topic: set the 'topic' option or a 'topic' column")
-            topics: Iterable[Any] = repeat(default_topic, n)
+            topics = default_topic
         else:
             col = batch.column(idx)
             if col.null_count and default_topic is not None:
@@ -252,61 +269,46 @@ class PartitionSender:
 
         derived = self.scope.ids(start, n) if self.scope is not None else None
         given = _column(batch, "msg_id")
-        ids: Iterable[Any]
+        ids: list[Any] | None
         if given is None:
-            ids = derived if derived is not None else repeat(None, n)
+            ids = derived
         elif derived is None:
             ids = given
         else:
             ids = [g if g is not None else d for g, d in zip(given, derived, strict=True)]
 
-        delays: Iterable[Any] = repeat(None, n)
+        delays: list[Any] | None = None
         idx = schema.get_field_index("delay_ms")
         if idx >= 0:
             delay_col = batch.column(idx)
-            # seconds as floats: cheaper than timedelta; the SDK rounds back to whole ms
-            delays = pc.divide(pc.cast(delay_col, "float64"), 1000.0).to_pylist()
-        deliver_ms = _deliver_at_ms(batch)
-        deliver: Iterable[Any] = repeat(None, n)
-        if deliver_ms is not None:
-            if idx >= 0:
-                both = pc.and_(
-                    batch.column(idx).is_valid(),
-                    batch.column(schema.get_field_index("deliver_at")).is_valid(),
+            if delay_col.null_count < n:
+                delays = pc.cast(delay_col, pa.int64()).to_pylist()
+        deliver = _deliver_at_ms(batch)
+        if deliver is not None and delays is not None:
+            both = pc.and_(
+                batch.column(idx).is_valid(),
+                batch.column(schema.get_field_index("deliver_at")).is_valid(),
+            )
+            if pc.any(both).as_py():
+                first = pc.index(both, True).as_py()
+                raise SinkSchemaError(
+                    f"row {start + first}: both 'deliver_at' and 'delay_ms' are set"
                 )
-                if pc.any(both).as_py():
-                    first = pc.index(both, True).as_py()
-                    raise SinkSchemaError(
-                        f"row {start + first}: both 'deliver_at' and 'delay_ms' are set"
-                    )
-            deliver = [None if ms is None else ms / 1000.0 for ms in deliver_ms]
-
-        keys = _column(batch, "key") or repeat(None, n)
-        tags = _column(batch, "tags") or repeat(None, n)
         props_raw = _column(batch, "properties")
-        props: Iterable[Any] = (
-            repeat(None, n) if props_raw is None else [dict(p) if p else None for p in props_raw]
+        return MessageBatch(
+            topics,
+            values,
+            msg_ids=ids,
+            delay_ms=delays,
+            deliver_at_ms=deliver,
+            keys=_column(batch, "key"),
+            tags=_column(batch, "tags"),
+            properties=None if props_raw is None else [dict(p) if p else None for p in props_raw],
         )
-        # strict=False: the repeat() fillers of absent columns are endless
-        return [
-            Message(
-                topic,
-                value,
-                key=key,
-                tags=tag,
-                properties=prop,
-                delay=delay,
-                deliver_at=at,
-                msg_id=mid,
-            )
-            for topic, value, key, tag, prop, delay, at, mid in zip(
-                topics, values, keys, tags, props, delays, deliver, ids, strict=False
-            )
-        ]
 
     def _record(
         self,
-        chunk: Sequence[Message],
+        chunk: MessageBatch,
         first_row: int,
         outcomes: Sequence[SendResult | QClientError],
         resent: int,
@@ -332,20 +334,20 @@ class PartitionSender:
             text = (
                 f"qclient sink: {len(errors)} of {len(chunk)} rows of partition "
                 f"{c.partition_id} could not be sent after {opts.write_retries + 1} "
-                f"attempts; first: row {first_row + j} msg_id={chunk[j].msg_id} "
+                f"attempts; first: row {first_row + j} msg_id={chunk.msg_id(j)} "
                 f"on {describe(err)}"
             )
             if opts.on_error == "fail":
                 raise SinkWriteError(text) from err
             log.warning("%s (on_error=skip: going on)", text)
 
-    def _send_chunk(self, chunk: Sequence[Message]) -> tuple[list[SendResult | QClientError], int]:
+    def _send_chunk(self, chunk: MessageBatch) -> tuple[list[SendResult | QClientError], int]:
         opts = self.options
         return send_with_retries(
             self.producer, chunk, retries=opts.write_retries, backoff=opts.retry_backoff
         )
 
-    def send(self, messages: Sequence[Message], first_row: int) -> None:
+    def send(self, messages: MessageBatch, first_row: int) -> None:
         """Send in chunks of ``rows_per_send``, one at a time; count the outcomes."""
         step = self.options.rows_per_send
         for lo in range(0, len(messages), step):
@@ -377,7 +379,7 @@ class PartitionSender:
         from concurrent.futures import Future, ThreadPoolExecutor
 
         step = self.options.rows_per_send
-        pending: deque[tuple[Sequence[Message], int, Future[Any]]] = deque()
+        pending: deque[tuple[MessageBatch, int, Future[Any]]] = deque()
         pool = ThreadPoolExecutor(in_flight, thread_name_prefix="qclient-sink")
         try:
             for batch in batches:

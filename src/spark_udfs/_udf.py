@@ -60,25 +60,15 @@ def send_series(
     options: SinkOptions, udf_id: str, value: pd.Series, delay_ms: pd.Series
 ) -> pd.DataFrame:
     """The UDF's body: send ``value`` with ``delay_ms`` (null = now), one outcome per row."""
-    from datetime import timedelta
-
-    from qclient import Message
+    from qclient import MessageBatch
 
     n = len(value)
     scope, start = _next_rows(udf_id, n)
     ids = scope.ids(start, n)
     topic = options.topic
     assert topic is not None
-    msgs = []
-    for body, d, mid in zip(value.tolist(), _delays(delay_ms), ids, strict=True):
-        msgs.append(
-            Message(
-                topic,
-                body,  # a null value is refused by the SDK: an error for that row only
-                msg_id=mid,
-                delay=None if d is None else timedelta(milliseconds=d),
-            )
-        )
+    # a null value is refused by the SDK: an error for that row only (send_with_retries)
+    msgs = MessageBatch(topic, value.tolist(), msg_ids=ids, delay_ms=_delays(delay_ms))
     outcomes, _ = send_with_retries(
         get_producer(options), msgs, retries=options.write_retries, backoff=options.retry_backoff
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import subprocess
 import sys
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pyarrow as pa
@@ -155,23 +155,28 @@ def test_rows_to_messages_every_column() -> None:
             "msg_id": [None, "given", None],
         }
     )
-    msgs = _sender(ScriptedProducer()).messages(batch)
-    assert [m.topic for m in msgs] == ["t", "other", "t"]
-    assert [m.msg_id for m in msgs] == [IdScope("job", 2).id(0), "given", IdScope("job", 2).id(2)]
+    mb = _sender(ScriptedProducer()).messages(batch)
+    assert mb.topic == ["t", "other", "t"]
+    assert mb.msg_ids == [IdScope("job", 2).id(0), "given", IdScope("job", 2).id(2)]
     # deliver_at in ms, rounded up so never early: .678901 s -> 679 ms
+    assert mb.deliver_at_ms == [int(at.timestamp()) * 1000 + 679, None, None]
+    assert mb.delay_ms == [None, 1500, None]  # row 2: neither, so immediate
+    assert mb.properties == [{"p": "1"}, None, None]
+    assert mb.keys == ["k1", None, "k3"] and mb.tags == ["x", None, None]
+    assert mb.bodies == [b"a", b"b", b"c"]  # string values travel as their UTF-8 bytes
+    # the same rows as Message objects (what a producer without columns would get)
+    msgs = list(mb)
+    assert msgs[1].delay == timedelta(milliseconds=1500) and msgs[1].deliver_at is None
     assert msgs[0].deliver_at == pytest.approx(at.timestamp() + 0.000099, abs=1e-6)
-    assert msgs[1].delay == 1.5 and msgs[1].deliver_at is None
-    assert msgs[2].delay is None and msgs[2].deliver_at is None  # immediate
-    assert msgs[0].properties == {"p": "1"} and msgs[2].properties is None
-    assert msgs[0].key == "k1" and msgs[0].tags == "x"
+    assert msgs[2].delay is None and msgs[2].deliver_at is None
 
 
 def test_binary_values_and_row_positions_continue_across_batches() -> None:
     s = _sender(ScriptedProducer())
     b = pa.RecordBatch.from_pydict({"value": pa.array([b"\x00\x01", b"z"], pa.binary())})
     first, second = s.messages(b), s.messages(b)
-    assert first[0].body == b"\x00\x01"
-    assert [m.msg_id for m in first + second] == IdScope("job", 2).ids(0, 4)
+    assert first.bodies[0] == b"\x00\x01"
+    assert [m.msg_id for m in [*first, *second]] == IdScope("job", 2).ids(0, 4)
 
 
 @pytest.mark.parametrize(
