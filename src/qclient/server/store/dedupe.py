@@ -50,6 +50,27 @@ class DedupeTable:
         if len(self._map) > self.max_ids:
             self._evict_to(self._head + len(self._map) - self.max_ids)
 
+    def add_many(self, items: list[tuple[int, int]], now_ms: int) -> None:
+        """``add(h, position, now_ms)`` for each ``(h, position)``, in order (same result)."""
+        if not items:
+            return
+        m, ring, max_ids = self._map, self._ring, self.max_ids
+        for h, position in items:
+            if h not in m:
+                ring.append(h)
+            m[h] = position
+            if len(m) > max_ids:
+                self._mark(now_ms)
+                self._evict_to(self._head + len(m) - max_ids)
+        self._mark(now_ms)
+
+    def _mark(self, now_ms: int) -> None:
+        marks = self._marks
+        if marks and now_ms - marks[-1][0] < _MARK_GRANULARITY_MS:
+            marks[-1][1] = len(self._ring)
+        else:
+            marks.append([now_ms, len(self._ring)])
+
     def expire(self, now_ms: int) -> None:
         """Forget ids older than the window."""
         cutoff = now_ms - self.window_ms

@@ -123,6 +123,50 @@ def encode(
     return PRE.pack(MAGIC, PRE.size + len(rest), zlib.crc32(rest)) + rest
 
 
+def encode_plain(
+    msg_id: bytes,
+    topic: bytes,
+    body: bytes,
+    flag: int,
+    queue_id: int,
+    received_ms: int,
+    deliver_at_ms: int,
+) -> bytes:
+    """``encode(KIND_MESSAGE, ...)`` of a message without key, tags and properties, from
+    already encoded id and topic: the same bytes, for the send path's hot loop. Raises
+    ValueError (or struct.error) on out-of-range fields like :func:`encode`."""
+    lm = len(msg_id)
+    lt = len(topic)
+    if lm > MAX_STR or lt > MAX_STR:
+        raise ValueError("string field longer than 65534 bytes")
+    rest = (
+        _REST_PACK(
+            KIND_MESSAGE,
+            flag,
+            queue_id,
+            received_ms,
+            deliver_at_ms,
+            0,
+            0,
+            0,
+            lm,
+            lt,
+            _NONE16,
+            _NONE16,
+            _NONE32,
+            len(body),
+        )
+        + msg_id
+        + topic
+        + body
+    )
+    return _PRE_PACK(MAGIC, PRE.size + len(rest), zlib.crc32(rest)) + rest
+
+
+_REST_PACK = REST.pack
+_PRE_PACK = PRE.pack
+
+
 def peek_length(buf: bytes | memoryview, off: int = 0) -> int:
     """Length of the record starting at ``off`` (validates magic and bounds only)."""
     if len(buf) - off < PRE.size:

@@ -63,6 +63,7 @@ import collections
 import fcntl
 import json
 import logging
+import operator
 import os
 import threading
 import time
@@ -73,7 +74,7 @@ from concurrent.futures import Future
 from qclient.server.store import record as rec
 from qclient.server.store._files import atomic_write, check_name, check_queue_id, sync_fds
 from qclient.server.store.consume_log import ConsumeLogs, ConsumeQueue
-from qclient.server.store.dedupe import DedupeTable, id_hash
+from qclient.server.store.dedupe import _MASK60, DedupeTable, id_hash
 from qclient.server.store.dispatch_log import DispatchLog
 from qclient.server.store.message_log import MessageLog
 from qclient.server.store.offsets import OffsetStore
@@ -100,6 +101,7 @@ _RECOVER_REPLAY_BATCH = 4096
 _DELAY_SLACK_MS = 60_000
 _MSG = rec.KIND_MESSAGE
 _CANCEL = rec.KIND_CANCEL
+_TOPIC = operator.attrgetter("topic")
 
 
 def wall_clock_ms() -> int:
@@ -115,6 +117,7 @@ class _Entry:
         "deliver_at",
         "error",
         "h",
+        "index",
         "kind",
         "msg_id",
         "position",
@@ -131,7 +134,9 @@ class _Entry:
         queue_id: int,
         deliver_at: int,
         ref: int = 0,
+        index: int = 0,
     ):
+        self.index = index  # the record's place in its submit() call
         self.kind = kind
         self.msg_id = msg_id
         self.h = h
@@ -151,13 +156,19 @@ class _Batch:
     def __init__(self, n: int, *, cancel: bool = False):
         self.fut: Future[object] = Future()
         self.results: list[StoreResult | None] = [None] * n
-        self.entries: list[tuple[int, _Entry]] = []
+        self.entries: list[_Entry] = []  # new records, each knowing its index
         self.deps: list[tuple[int, _Entry]] = []  # duplicates of in-flight entries
         self.cancel = cancel
         self.nbytes = 0  # encoded bytes counted in the store's pending bytes
 
     def complete(self) -> None:
-        for _, e in self.entries + self.deps:
+        entries, deps = self.entries, self.deps
+        self.entries, self.deps = [], []  # the future's result outlives the batch's entries
+        for e in entries:
+            if e.error is not None:
+                self.fut.set_exception(e.error)
+                return
+        for _, e in deps:
             if e.error is not None:
                 self.fut.set_exception(e.error)
                 return
@@ -165,9 +176,13 @@ class _Batch:
             self.fut.set_result(CancelOutcome(True, None))
             return
         res = self.results
-        for i, e in self.entries:
-            res[i] = StoreResult(e.msg_id, e.queue_id, e.deliver_at, False)
-        for i, e in self.deps:
+        if len(entries) == len(res):  # the common case: every message new
+            self.results = []
+            res = [StoreResult(e.msg_id, e.queue_id, e.deliver_at, False) for e in entries]
+        else:
+            for e in entries:
+                res[e.index] = StoreResult(e.msg_id, e.queue_id, e.deliver_at, False)
+        for i, e in deps:
             res[i] = StoreResult(e.msg_id, e.queue_id, e.deliver_at, True)
         self.fut.set_result(res)
 
@@ -476,43 +491,91 @@ class DelayStore:
             raise InvalidRecordError("message too large")
         return data
 
-    def submit(self, msgs: list[NewMessage]) -> Future[list[StoreResult]]:
+    def _encode_validated(self, msgs: list[NewMessage], now: int) -> list[bytes] | None:
+        """Records of messages the caller has already validated (``submit(validated=True)``):
+        only what the caller's checks do not cover is checked here (topic names, once per
+        topic; record size). None when a message needs the full :meth:`_validate` (it has
+        key, tags or properties, or something is off: then _validate names the problem)."""
+        topics: dict[str, bytes] = {}
+        for topic in set(map(_TOPIC, msgs)):
+            if topic not in self._topics_ok:
+                return None
+            topics[topic] = topic.encode()
+        plain = rec.encode_plain
+        try:
+            out = [
+                plain(
+                    m.msg_id.encode(),
+                    topics[m.topic],
+                    m.body,
+                    m.flag,
+                    m.queue_id,
+                    m.received_ms or now,
+                    m.deliver_at_ms,
+                )
+                if m.key is None
+                and m.tags is None
+                and m.properties is None
+                and type(m.body) is bytes
+                and m.deliver_at_ms >= 0
+                else None
+                for m in msgs
+            ]
+        except Exception:
+            return None
+        if None in out or max(map(len, out)) > self._max_record:  # type: ignore[arg-type]
+            return None
+        return out  # type: ignore[return-value]
+
+    def submit(
+        self, msgs: list[NewMessage], *, validated: bool = False
+    ) -> Future[list[StoreResult]]:
         """Store messages; the future completes once they are durable (see module doc).
 
-        Raises InvalidRecordError (nothing of the call is stored), StoreBusyError, StoreError.
+        ``validated``: the caller has checked queue ids (0..65535), ids (non-empty str of
+        at most 1024 chars), bodies (bytes) and deliver times (0..now + max_delay_ms)
+        already; the store then skips those checks (topic names and record sizes are
+        still checked). Raises InvalidRecordError (nothing of the call is stored),
+        StoreBusyError, StoreError.
         """
         self._check_open()
         now = self._clock()
-        prepared = [(m, self._validate(m, now)) for m in msgs]
-        batch = _Batch(len(prepared))
+        datas = self._encode_validated(msgs, now) if validated and msgs else None
+        if datas is None:
+            datas = [self._validate(m, now) for m in msgs]
+        batch = _Batch(len(msgs))
+        entries = batch.entries
+        inflight = self._inflight
+        dedupe_get = self._dedupe.get
         with self._submit_lock:
             self._check_open()
-            for i, (m, data) in enumerate(prepared):
-                e = self._inflight.get(m.msg_id)
+            for i, (m, data) in enumerate(zip(msgs, datas, strict=True)):
+                mid = m.msg_id
+                e = inflight.get(mid)
                 if e is not None:
                     batch.deps.append((i, e))
                     continue
-                h = id_hash(m.msg_id)
-                pos = self._dedupe.get(h)
+                h = hash(mid) & _MASK60  # dedupe.id_hash, inlined
+                pos = dedupe_get(h)
                 if pos is not None:
                     r = self._mlog.read_record(pos)
-                    if r is not None and r.kind == _MSG and r.msg_id == m.msg_id:
-                        batch.results[i] = StoreResult(m.msg_id, r.queue_id, r.deliver_at_ms, True)
+                    if r is not None and r.kind == _MSG and r.msg_id == mid:
+                        batch.results[i] = StoreResult(mid, r.queue_id, r.deliver_at_ms, True)
                         continue
-                e = _Entry(_MSG, m.msg_id, h, data, m.queue_id, m.deliver_at_ms)
-                self._inflight[m.msg_id] = e
-                batch.entries.append((i, e))
-            n = len(batch.entries)
-            nbytes = sum(len(e.data) for _, e in batch.entries)
+                e = _Entry(_MSG, mid, h, data, m.queue_id, m.deliver_at_ms, 0, i)
+                inflight[mid] = e
+                entries.append(e)
+            n = len(entries)
+            nbytes = sum(map(len, datas)) if n == len(datas) else sum(len(e.data) for e in entries)
             if n and (
                 self._pending + n > self.config.max_pending_messages
                 or (self._pending_bytes and self._pending_bytes + nbytes > self._max_pending_bytes)
             ):
-                for _, e in batch.entries:
-                    del self._inflight[e.msg_id]
+                for e in entries:
+                    del inflight[e.msg_id]
                 self._stats["busy_rejections"] += 1
                 raise StoreBusyError("too many messages pending the group commit")
-            self._stats["duplicates"] += len(prepared) - n
+            self._stats["duplicates"] += len(msgs) - n
             if n or batch.deps:
                 batch.nbytes = nbytes
                 self._queue.append(batch)
@@ -541,7 +604,7 @@ class DelayStore:
     def _fail(self, group: list[_Batch], error: BaseException) -> None:
         with self._submit_lock:
             for b in group:
-                for _, e in b.entries:
+                for e in b.entries:
                     if e.position < 0:
                         e.error = error
                         if self._inflight.get(e.msg_id) is e:
@@ -554,7 +617,7 @@ class DelayStore:
                 b.complete()
 
     def _commit(self, group: list[_Batch]) -> None:
-        entries = [e for b in group for _, e in b.entries]
+        entries = [e for b in group for e in b.entries]
         if entries:
             start = self._mlog.end
             try:
@@ -587,14 +650,16 @@ class DelayStore:
             for b in group:
                 nbytes += b.nbytes
                 b.nbytes = 0
+            inflight = self._inflight
             for i in range(0, len(entries), _LOCK_CHUNK):
                 chunk = entries[i : i + _LOCK_CHUNK]
+                msgs = [e for e in chunk if e.kind == _MSG]
+                known = [(e.h, e.position) for e in msgs]
                 with self._submit_lock:
-                    for e in chunk:
-                        if e.kind == _MSG:
-                            if self._inflight.get(e.msg_id) is e:
-                                del self._inflight[e.msg_id]
-                            self._dedupe.add(e.h, e.position, now)
+                    for e in msgs:
+                        if inflight.get(e.msg_id) is e:
+                            del inflight[e.msg_id]
+                    self._dedupe.add_many(known, now)
                     self._pending -= len(chunk)
             with self._submit_lock:
                 self._dedupe.expire(now)
@@ -613,31 +678,39 @@ class DelayStore:
         horizon = self._clock() + self.config.load_ahead_ms
         wake_loader = False
         w = self._wheel
+        bucket_ms = self.bucket_ms
+        pack = ENTRY.pack
         for i in range(0, max(1, len(items)), _LOCK_CHUNK):
-            bufs: dict[int, list[bytes]] = collections.defaultdict(list)
+            bufs: dict[int, list[bytes]] = {}
+            loaded: dict[int, bool] = {}  # bucket -> is_loaded (fixed while _sched is held)
             notify = False
             with self._sched:
                 first = self._bucket_first
                 for pos, size, kind, deliver_at, ref in items[i : i + _LOCK_CHUNK]:
-                    b = deliver_at // self.bucket_ms
+                    b = deliver_at // bucket_ms
                     p = pos if kind == _MSG else ref
                     fp = first.get(b)
                     if fp is None or p < fp:
                         first[b] = p
+                    if kind != _MSG and kind != _CANCEL:
+                        continue
+                    buf = bufs.get(b)
+                    if buf is None:
+                        buf = bufs[b] = []
+                        loaded[b] = w.is_loaded(b)
+                        if not loaded[b]:
+                            w.add_unloaded(b)
                     if kind == _MSG:
-                        bufs[b].append(ENTRY.pack(deliver_at, pos, size, _MSG))
-                        if w.is_loaded(b):
+                        buf.append(pack(deliver_at, pos, size, _MSG))
+                        if loaded[b]:
                             notify |= w.push(deliver_at, pos, size)
-                        else:
-                            w.add_unloaded(b)
-                            wake_loader |= deliver_at <= horizon
+                        elif not wake_loader and deliver_at <= horizon:
+                            wake_loader = True
                     elif kind == _CANCEL:
-                        bufs[b].append(ENTRY.pack(deliver_at, ref, size, _CANCEL))
+                        buf.append(pack(deliver_at, ref, size, _CANCEL))
                         w.cancel(b, ref)
-                        if w.is_loaded(b):
+                        if loaded[b]:
                             w.note_position(b, pos)
-                        else:
-                            w.add_unloaded(b)
                 for b, chunks in bufs.items():
                     self._slog.append(b, b"".join(chunks))
                 if i + _LOCK_CHUNK >= len(items):
@@ -988,7 +1061,7 @@ class DelayStore:
         )
         batch = _Batch(1, cancel=True)
         e = _Entry(_CANCEL, msg_id, 0, data, r.queue_id, r.deliver_at_ms, ref=pos)
-        batch.entries.append((0, e))
+        batch.entries.append(e)
         batch.nbytes = len(data)
         with self._submit_lock:
             try:
