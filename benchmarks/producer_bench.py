@@ -1,7 +1,8 @@
-"""Producer throughput: a ``send_delayed`` loop, ``send_batch``, ``send_async`` and
-``AsyncProducer`` (gather of sends, and send_batch), in one run against one
-``LocalCluster`` of 2 brokers; 100-byte bodies; msgs/s acknowledged (durable), the
-ratio to the loop, and the client's CPU time per message (all its threads).
+"""Producer throughput: a ``send_delayed`` loop, ``send_batch`` (of ``Message`` objects and
+of a ``MessageBatch``'s columns), ``send_async`` and ``AsyncProducer`` (gather of sends,
+and send_batch), in one run against one ``LocalCluster`` of 2 brokers; 100-byte bodies;
+msgs/s acknowledged (durable), the ratio to the loop, and the client's CPU time per
+message (all its threads).
 
     python -m benchmarks.producer_bench [--json] [--smoke]
 """
@@ -17,7 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from qclient import AsyncProducer, LocalCluster, Message, Producer
+from qclient import AsyncProducer, LocalCluster, Message, MessageBatch, Producer
 
 BODY = b"x" * 100
 
@@ -136,6 +137,14 @@ def main() -> None:
                 return n
 
             res["send_batch"] = measure(batch)
+
+            def columns() -> int:
+                for i in range(0, n, 5000):
+                    k = min(5000, n - i)
+                    p.send_batch(MessageBatch("bench", [BODY] * k, delay_ms=[60_000] * k))
+                return n
+
+            res["send_batch(MessageBatch)"] = measure(columns)
 
             def send_async() -> int:
                 futures = [p.send_async(Message("bench", BODY, delay=60)) for _ in range(n)]
