@@ -252,15 +252,17 @@ class Broker:
         if min(queues) < 0 or max(queues) >= MAX_QUEUES:
             return None
         for attr, limit in ((_KEY, MAX_KEY_CHARS), (_TAGS, MAX_TAGS_CHARS)):
-            values = set(map(attr, msgs))
-            values.discard(None)
-            if values and max(map(len, values)) > limit:
-                return None
+            if any(map(attr, msgs)):  # all None or "": nothing to check
+                values = set(map(attr, msgs))
+                values.discard(None)
+                if max(map(len, values)) > limit:
+                    return None
         if any(map(_PROPERTIES, msgs)):  # None or {} pass; entries: message by message
             return None
-        for flag in set(map(_FLAG, msgs)):
-            if flag & ~KNOWN_FLAGS:
-                return None
+        if any(map(_FLAG, msgs)):
+            for flag in set(map(_FLAG, msgs)):
+                if flag & ~KNOWN_FLAGS:
+                    return None
         max_delay = self.config.max_delay_ms
         delays = list(map(_DELAY_MS, msgs))
         ats = list(map(_DELIVER_AT_MS, msgs))

@@ -50,12 +50,22 @@ class DedupeTable:
         if len(self._map) > self.max_ids:
             self._evict_to(self._head + len(self._map) - self.max_ids)
 
-    def add_many(self, items: list[tuple[int, int]], now_ms: int) -> None:
-        """``add(h, position, now_ms)`` for each ``(h, position)``, in order (same result)."""
-        if not items:
+    def add_many(self, hashes: list[int], positions: list[int], now_ms: int) -> None:
+        """``add(h, position, now_ms)`` for each pair, in order (the same resulting table)."""
+        if not hashes:
             return
         m, ring, max_ids = self._map, self._ring, self.max_ids
-        for h, position in items:
+        if m.keys().isdisjoint(hashes) and len(set(hashes)) == len(hashes):
+            # all new and distinct (the usual case): the ring gets every one, in order;
+            # evicting the overflow once at the end leaves what evicting per add would
+            # (the ring past _head holds exactly the table's keys, oldest first)
+            ring.extend(hashes)
+            m.update(zip(hashes, positions, strict=True))
+            self._mark(now_ms)
+            if len(m) > max_ids:
+                self._evict_to(self._head + len(m) - max_ids)
+            return
+        for h, position in zip(hashes, positions, strict=True):
             if h not in m:
                 ring.append(h)
             m[h] = position

@@ -71,6 +71,8 @@ from array import array
 from collections.abc import Callable
 from concurrent.futures import Future
 
+import msgspec
+
 from qclient.server.store import record as rec
 from qclient.server.store._files import atomic_write, check_name, check_queue_id, sync_fds
 from qclient.server.store.consume_log import ConsumeLogs, ConsumeQueue
@@ -102,6 +104,7 @@ _DELAY_SLACK_MS = 60_000
 _MSG = rec.KIND_MESSAGE
 _CANCEL = rec.KIND_CANCEL
 _TOPIC = operator.attrgetter("topic")
+_DELIVER_AT = operator.attrgetter("deliver_at_ms")
 
 
 def wall_clock_ms() -> int:
@@ -109,43 +112,20 @@ def wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-class _Entry:
-    """One record on its way through the group commit."""
+class _Entry(msgspec.Struct, eq=False):
+    """One record on its way through the group commit (a msgspec Struct: built in C, ~3x
+    cheaper than a slotted class with an ``__init__``; ``eq=False``: compared by identity)."""
 
-    __slots__ = (
-        "data",
-        "deliver_at",
-        "error",
-        "h",
-        "index",
-        "kind",
-        "msg_id",
-        "position",
-        "queue_id",
-        "ref",
-    )
-
-    def __init__(
-        self,
-        kind: int,
-        msg_id: str,
-        h: int,
-        data: bytes,
-        queue_id: int,
-        deliver_at: int,
-        ref: int = 0,
-        index: int = 0,
-    ):
-        self.index = index  # the record's place in its submit() call
-        self.kind = kind
-        self.msg_id = msg_id
-        self.h = h
-        self.data = data
-        self.queue_id = queue_id
-        self.deliver_at = deliver_at
-        self.ref = ref
-        self.position = -1
-        self.error: BaseException | None = None
+    kind: int
+    msg_id: str
+    h: int
+    data: bytes
+    queue_id: int
+    deliver_at: int
+    ref: int = 0
+    index: int = 0  # the record's place in its submit() call
+    position: int = -1
+    error: BaseException | None = None
 
 
 class _Batch:
@@ -501,31 +481,17 @@ class DelayStore:
             if topic not in self._topics_ok:
                 return None
             topics[topic] = topic.encode()
-        plain = rec.encode_plain
         try:
-            out = [
-                plain(
-                    m.msg_id.encode(),
-                    topics[m.topic],
-                    m.body,
-                    m.flag,
-                    m.queue_id,
-                    m.received_ms or now,
-                    m.deliver_at_ms,
-                )
-                if m.key is None
-                and m.tags is None
-                and m.properties is None
-                and type(m.body) is bytes
-                and m.deliver_at_ms >= 0
-                else None
-                for m in msgs
-            ]
+            out = rec.encode_messages(msgs, topics, now)
         except Exception:
             return None
-        if None in out or max(map(len, out)) > self._max_record:  # type: ignore[arg-type]
+        if (
+            out is None
+            or max(map(len, out)) > self._max_record
+            or min(map(_DELIVER_AT, msgs)) < 0  # the codec takes negative times
+        ):
             return None
-        return out  # type: ignore[return-value]
+        return out
 
     def submit(
         self, msgs: list[NewMessage], *, validated: bool = False
@@ -654,12 +620,13 @@ class DelayStore:
             for i in range(0, len(entries), _LOCK_CHUNK):
                 chunk = entries[i : i + _LOCK_CHUNK]
                 msgs = [e for e in chunk if e.kind == _MSG]
-                known = [(e.h, e.position) for e in msgs]
+                hashes = [e.h for e in msgs]
+                where = [e.position for e in msgs]
                 with self._submit_lock:
                     for e in msgs:
                         if inflight.get(e.msg_id) is e:
                             del inflight[e.msg_id]
-                    self._dedupe.add_many(known, now)
+                    self._dedupe.add_many(hashes, where, now)
                     self._pending -= len(chunk)
             with self._submit_lock:
                 self._dedupe.expire(now)
