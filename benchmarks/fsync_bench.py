@@ -135,8 +135,11 @@ def measure(d: Path, duration: float, repeat: int) -> list[Result]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--dir", default=str(Path(__file__).resolve().parent.parent),
-                    help="a directory on the disk to measure (default: the repo)")
+    ap.add_argument(
+        "--dir",
+        default=str(Path(__file__).resolve().parent.parent),
+        help="a directory on the disk to measure (default: the repo)",
+    )
     ap.add_argument("--duration", type=float, default=2.0, help="seconds per run")
     ap.add_argument("--repeat", type=int, default=3, help="runs per case; median reported")
     ap.add_argument("--json", action="store_true", help="one JSON object on the last line")

@@ -28,8 +28,12 @@ def measure(fn: Callable[[], int]) -> dict[str, float]:
     cpu0, t0 = time.process_time(), time.perf_counter()
     n = fn()
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-    return {"messages": n, "seconds": round(wall, 3), "msgs_per_s": round(n / wall, 1),
-            "cpu_us_per_msg": round(cpu / n * 1e6, 1)}
+    return {
+        "messages": n,
+        "seconds": round(wall, 3),
+        "msgs_per_s": round(n / wall, 1),
+        "cpu_us_per_msg": round(cpu / n * 1e6, 1),
+    }
 
 
 def encoding_bench(batch: int = 256, body: int = 100, rounds: int = 200) -> dict[str, Any]:
@@ -39,8 +43,17 @@ def encoding_bench(batch: int = 256, body: int = 100, rounds: int = 200) -> dict
 
     from qclient.protocol.wire import JSON, MSGPACK, SendRequest, WireMessage, decode, encode
 
-    msgs = [WireMessage(topic="orders", queue_id=i % 4, msg_id=f"{i:036x}",
-                        body=b"x" * body, key=f"k{i}", delay_ms=60_000) for i in range(batch)]
+    msgs = [
+        WireMessage(
+            topic="orders",
+            queue_id=i % 4,
+            msg_id=f"{i:036x}",
+            body=b"x" * body,
+            key=f"k{i}",
+            delay_ms=60_000,
+        )
+        for i in range(batch)
+    ]
     req = SendRequest(messages=msgs)
     head = struct.Struct("!HHQI")
 
@@ -57,22 +70,32 @@ def encoding_bench(batch: int = 256, body: int = 100, rounds: int = 200) -> dict
         while pos < len(data):
             lt, li, delay, lb = head.unpack_from(data, pos)
             pos += head.size
-            topic = str(mv[pos:pos + lt], "utf-8")
+            topic = str(mv[pos : pos + lt], "utf-8")
             pos += lt
-            mid = str(mv[pos:pos + li], "ascii")
+            mid = str(mv[pos : pos + li], "ascii")
             pos += li
             lk = data[pos]
-            key = str(mv[pos + 1:pos + 1 + lk], "utf-8")
+            key = str(mv[pos + 1 : pos + 1 + lk], "utf-8")
             pos += 1 + lk
-            out.append(WireMessage(topic=topic, queue_id=0, msg_id=mid,
-                                   body=bytes(mv[pos:pos + lb]), key=key, delay_ms=delay))
+            out.append(
+                WireMessage(
+                    topic=topic,
+                    queue_id=0,
+                    msg_id=mid,
+                    body=bytes(mv[pos : pos + lb]),
+                    key=key,
+                    delay_ms=delay,
+                )
+            )
             pos += lb
         return out
 
     codecs = {
         "json (msgspec)": (lambda r: encode(r, JSON), lambda d: decode(d, SendRequest, JSON)),
-        "msgpack (msgspec)": (lambda r: encode(r, MSGPACK),
-                              lambda d: decode(d, SendRequest, MSGPACK)),
+        "msgpack (msgspec)": (
+            lambda r: encode(r, MSGPACK),
+            lambda d: decode(d, SendRequest, MSGPACK),
+        ),
         "binary framing (struct)": (frame_encode, frame_decode),
     }
     out: dict[str, Any] = {}
@@ -89,9 +112,11 @@ def encoding_bench(batch: int = 256, body: int = 100, rounds: int = 200) -> dict
             t2 = time.perf_counter()
             best_enc, best_dec = min(best_enc, t1 - t0), min(best_dec, t2 - t1)
         n = rounds * batch
-        out[name] = {"bytes_per_msg": round(len(data) / batch, 1),
-                     "encode_us_per_msg": round(best_enc / n * 1e6, 3),
-                     "decode_us_per_msg": round(best_dec / n * 1e6, 3)}
+        out[name] = {
+            "bytes_per_msg": round(len(data) / batch, 1),
+            "encode_us_per_msg": round(best_enc / n * 1e6, 3),
+            "decode_us_per_msg": round(best_dec / n * 1e6, 3),
+        }
     return out
 
 
@@ -101,15 +126,20 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true", help="tiny N")
     ap.add_argument("--loop-seconds", type=float, default=5.0)
     ap.add_argument("--n", type=int, default=100_000, help="messages for batch/async runs")
-    ap.add_argument("--encoding-only", action="store_true",
-                    help="only the wire-encoding comparison (no cluster)")
+    ap.add_argument(
+        "--encoding-only",
+        action="store_true",
+        help="only the wire-encoding comparison (no cluster)",
+    )
     args = ap.parse_args()
     logging.basicConfig(level=logging.ERROR, stream=sys.stderr)
     enc = encoding_bench(rounds=5 if args.smoke else 50)
     print(f"{'batch encoding (256 x 100 B)':<28}{'B/msg':>8}{'enc us/msg':>12}{'dec us/msg':>12}")
     for name, e in enc.items():
-        print(f"{name:<28}{e['bytes_per_msg']:>8.1f}{e['encode_us_per_msg']:>12.3f}"
-              f"{e['decode_us_per_msg']:>12.3f}")
+        print(
+            f"{name:<28}{e['bytes_per_msg']:>8.1f}{e['encode_us_per_msg']:>12.3f}"
+            f"{e['decode_us_per_msg']:>12.3f}"
+        )
     if args.encoding_only:
         if args.json:
             print(json.dumps({"encoding": enc}))
@@ -133,7 +163,7 @@ def main() -> None:
             def batch() -> int:
                 msgs = [Message("bench", BODY, delay=60) for _ in range(n)]
                 for i in range(0, n, 5000):
-                    p.send_batch(msgs[i:i + 5000])
+                    p.send_batch(msgs[i : i + 5000])
                 return n
 
             res["send_batch"] = measure(batch)
@@ -164,12 +194,14 @@ def main() -> None:
                         # one task per message: fewer messages, in rounds of 1000
                         rounds = max(1, n // 10_000)
                         for _ in range(rounds):
-                            await asyncio.gather(*(ap_.send_delayed("bench", BODY, delay=60)
-                                                   for _ in range(1000)))
+                            await asyncio.gather(
+                                *(ap_.send_delayed("bench", BODY, delay=60) for _ in range(1000))
+                            )
                         return rounds * 1000
                     msgs = [Message("bench", BODY, delay=60) for _ in range(n)]
-                    await asyncio.gather(*(ap_.send_batch(msgs[i:i + 5000])
-                                           for i in range(0, n, 5000)))
+                    await asyncio.gather(
+                        *(ap_.send_batch(msgs[i : i + 5000]) for i in range(0, n, 5000))
+                    )
                     return n
 
             return asyncio.run(run())
@@ -181,8 +213,10 @@ def main() -> None:
         r["ratio_to_loop"] = round(r["msgs_per_s"] / base, 1)
     print(f"{'mode':<36}{'msgs/s':>10}{'x loop':>8}{'CPU us/msg':>12}")
     for name, r in res.items():
-        print(f"{name:<36}{r['msgs_per_s']:>10.0f}{r['ratio_to_loop']:>8.1f}"
-              f"{r['cpu_us_per_msg']:>12.1f}")
+        print(
+            f"{name:<36}{r['msgs_per_s']:>10.0f}{r['ratio_to_loop']:>8.1f}"
+            f"{r['cpu_us_per_msg']:>12.1f}"
+        )
     if args.json:
         sa = res["send_async"]
         out: dict[str, Any] = {
@@ -191,10 +225,18 @@ def main() -> None:
             "encoding": enc,
             "throughput": {k: v["msgs_per_s"] for k, v in res.items()},
             "targets": [
-                {"name": "send_async / loop", "value": sa["ratio_to_loop"],
-                 "target": ">= 20", "met": sa["ratio_to_loop"] >= 20},
-                {"name": "send_async msgs/s (100 B)", "value": sa["msgs_per_s"],
-                 "target": ">= 30000", "met": sa["msgs_per_s"] >= 30000},
+                {
+                    "name": "send_async / loop",
+                    "value": sa["ratio_to_loop"],
+                    "target": ">= 20",
+                    "met": sa["ratio_to_loop"] >= 20,
+                },
+                {
+                    "name": "send_async msgs/s (100 B)",
+                    "value": sa["msgs_per_s"],
+                    "target": ">= 30000",
+                    "met": sa["msgs_per_s"] >= 30000,
+                },
             ],
             "notes": ["2 brokers on the same 2-core machine as the client; delay 60 s"],
         }

@@ -152,7 +152,8 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument(
-        "--dir", default=str(Path(__file__).resolve().parent.parent),
+        "--dir",
+        default=str(Path(__file__).resolve().parent.parent),
         help="parent of the temp data dir (default: the repo, same disk as its data)",
     )
     ap.add_argument("--duration", type=float, default=3.0)
