@@ -89,3 +89,46 @@ def test_truncated_record_is_detected() -> None:
 def test_oversized_string_is_refused() -> None:
     with pytest.raises(ValueError):
         rec.encode(rec.KIND_MESSAGE, "id", "t", b"", key="k" * 70000)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.text(min_size=1, max_size=20),
+            st.sampled_from(["t", "orders", "a-b"]),
+            st.binary(max_size=64),
+            st.integers(0, 3),
+            st.integers(0, 65535),
+            st.integers(0, 2**62),
+            st.integers(0, 2**40),
+        ),
+        min_size=1,
+        max_size=10,
+    )
+)
+def test_encode_messages_is_byte_identical_to_encode(rows: list[tuple]) -> None:
+    from qclient.server.store import NewMessage
+
+    msgs = [
+        NewMessage(topic, q, mid, body, at, flag=flag, received_ms=recv)
+        for mid, topic, body, flag, q, at, recv in rows
+    ]
+    topics = {m.topic: m.topic.encode() for m in msgs}
+    now = 1_700_000_000_000
+    assert rec.encode_messages(msgs, topics, now) == [
+        rec.encode(
+            rec.KIND_MESSAGE,
+            m.msg_id,
+            m.topic,
+            m.body,
+            flag=m.flag,
+            queue_id=m.queue_id,
+            received_ms=m.received_ms or now,
+            deliver_at_ms=m.deliver_at_ms,
+        )
+        for m in msgs
+    ]
+    # a message with a key is not for this fast loop
+    keyed = [*msgs, NewMessage("t", 0, "k", b"", 0, key="k")]
+    assert rec.encode_messages(keyed, {**topics, "t": b"t"}, now) is None

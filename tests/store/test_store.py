@@ -9,16 +9,20 @@ import time
 from collections import Counter
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tests.store.conftest import FakeClock, msg, pull_all, visible, wait_until
 
 from qclient.server.store import (
     CancelOutcome,
+    DelayStore,
     InvalidRecordError,
     NewMessage,
     StoreBusyError,
     StoreError,
     wall_clock_ms,
 )
+from qclient.server.store.dedupe import DedupeTable
 
 
 def test_round_trip_fields_and_results(make_store) -> None:
@@ -389,3 +393,62 @@ def test_fire_failure_is_retried_without_loss_or_duplicates(make_store, monkeypa
     wait_until(lambda: visible(s, "f") == 8)
     assert failures and s.stats()["fire_errors"] >= 1
     assert Counter(f.msg_id for f in pull_all(s, "f")) == {f"m{i}": 1 for i in range(8)}
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        NewMessage("../etc", 0, "i", b"", 0),
+        NewMessage("a/b", 0, "i", b"", 0),
+        NewMessage("t", 0, "i", b"x" * 2000, 0),  # over max_record_bytes
+    ],
+)
+def test_validated_submit_still_checks_topics_and_sizes(make_store, bad: NewMessage) -> None:
+    """submit(validated=True) skips only what the broker checked: a bad topic or an
+    oversized record is still refused, and nothing of the call is stored."""
+    s = make_store(max_record_bytes=1000)
+    good = msg(0, wall_clock_ms() + 10**6, body=b"x" * 10)
+    with pytest.raises(InvalidRecordError):
+        s.submit([good, bad], validated=True)
+    assert s.stats()["appended"] == 0
+
+
+def test_validated_submit_stores_what_the_checked_path_stores(make_store, tmp_path) -> None:
+    clock = FakeClock(1_700_000_000_000)
+    a = make_store(clock=clock, data_dir=tmp_path / "a")
+    b = make_store(clock=clock, data_dir=tmp_path / "b")
+    msgs = [msg(i, clock.now + 500 + i, body=bytes([i]) * i) for i in range(50)]
+    msgs.append(msg(50, clock.now + 10, key="k", tags="t", properties={"p": "v"}))
+    msgs.append(msg(3, clock.now + 999))  # a duplicate id within the call
+    ra = a.submit(msgs, validated=True).result(10)
+    rb = b.submit(msgs).result(10)
+    assert ra == rb and ra[-1].duplicate
+    clock.advance(2000)
+    wait_until(lambda: visible(a, "t") == 51 and visible(b, "t") == 51)
+
+    def fired(s: DelayStore) -> list[tuple]:
+        return sorted(
+            (m.msg_id, m.body, m.deliver_at_ms, m.key, m.tags, m.properties)
+            for m in pull_all(s, "t")
+        )
+
+    assert fired(a) == fired(b)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    batches=st.lists(st.lists(st.integers(0, 40), max_size=12), max_size=8),
+    max_ids=st.integers(1, 30),
+)
+def test_dedupe_add_many_equals_adding_one_by_one(batches: list[list[int]], max_ids: int) -> None:
+    one, many = DedupeTable(60_000, max_ids), DedupeTable(60_000, max_ids)
+    pos = 0
+    for k, hashes in enumerate(batches):
+        now = 1000 * k
+        positions = list(range(pos, pos + len(hashes)))
+        pos += len(hashes)
+        for h, p in zip(hashes, positions, strict=True):
+            one.add(h, p, now)
+        many.add_many(hashes, positions, now)
+        assert many._map == one._map
+        assert list(many._ring[many._head :]) == list(one._ring[one._head :])
