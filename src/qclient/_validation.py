@@ -88,7 +88,7 @@ def to_wire(
 ) -> WireMessage:
     """Validate one message and build its wire form (``queue_id`` is set at send time)."""
     if not isinstance(topic, str) or _match_topic(topic) is None:
-        raise InvalidMessageError(f"invalid topic {topic!r}: must match {TOPIC_RE.pattern}")
+        raise InvalidMessageError(f"invalid topic {topic!r}: must match {proto.TOPIC_PATTERN}")
     if isinstance(body, str):
         data = body.encode()
     elif isinstance(body, bytes):

@@ -19,7 +19,7 @@ from qclient.transport import Credentials
 CFG = ProducerConfig.create("127.0.0.1:1", max_message_size=1000, compress_threshold=100)
 
 
-@pytest.mark.parametrize("topic", ["", "a b", "a/b", "x" * 128, "é", None])
+@pytest.mark.parametrize("topic", ["", "a b", "a/b", "x" * 128, "é", None, "orders\n"])
 def test_bad_topics(topic: object) -> None:
     with pytest.raises(InvalidMessageError):
         to_wire(CFG, topic, b"x")  # type: ignore[arg-type]
@@ -120,6 +120,7 @@ def test_secrets_never_in_reprs() -> None:
         {"msg_id": "has space"},
         {"msg_id": "x" * 129},
         {"msg_id": "é"},
+        {"msg_id": "id\n"},  # "$" would let a trailing newline through
         {"key": "k" * 1025},
         {"tags": "t" * 257},
         {"properties": {f"p{i}": "v" for i in range(65)}},

@@ -17,10 +17,13 @@ import msgspec
 
 # --- constants -------------------------------------------------------------------
 
-TOPIC_RE = re.compile(r"^[A-Za-z0-9_%|-]{1,127}$")
+#: topic and group names, as documented (the whole name must match)
+TOPIC_PATTERN = "^[A-Za-z0-9_%|-]{1,127}$"
+# \Z, not $: "$" also matches before a trailing newline, and "orders\n" is no topic
+TOPIC_RE = re.compile(r"^[A-Za-z0-9_%|-]{1,127}\Z")
 GROUP_RE = TOPIC_RE
 #: message ids: 1-128 printable ASCII characters, no space
-MSG_ID_RE = re.compile(r"^[\x21-\x7e]{1,128}$")
+MSG_ID_RE = re.compile(r"^[\x21-\x7e]{1,128}\Z")
 
 # Limits of one message, checked by the SDK before the network and again by the broker.
 MAX_KEY_CHARS = 1024

@@ -52,9 +52,9 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 #: paths served without a signature (the producers' detector probes them)
 OPEN_PATHS = frozenset({wire.HEALTH})
 #: a topic pattern: topic characters and ``*``
-_PATTERN_RE = re.compile(r"^[A-Za-z0-9_%|*-]{1,127}$")
-_NONCE_RE = re.compile(r"^[\x21-\x7e]{8,64}$")
-_ACCESS_KEY_RE = re.compile(r"^[\x21-\x7e]{1,128}$")
+_PATTERN_RE = re.compile(r"^[A-Za-z0-9_%|*-]{1,127}\Z")
+_NONCE_RE = re.compile(r"^[\x21-\x7e]{8,64}\Z")
+_ACCESS_KEY_RE = re.compile(r"^[\x21-\x7e]{1,128}\Z")
 _REQUIRED = (
     auth.HEADER_ACCESS_KEY,
     auth.HEADER_TIMESTAMP,

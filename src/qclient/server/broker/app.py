@@ -162,7 +162,7 @@ class Broker:
             raise ApiError(
                 400,
                 ErrorCode.INVALID_TOPIC,
-                f"{where}.topic {m.topic[:140]!r} must match {wire.TOPIC_RE.pattern}",
+                f"{where}.topic {m.topic[:140]!r} must match {wire.TOPIC_PATTERN}",
             )
         if not MSG_ID_RE.match(m.msg_id):
             raise ApiError(
@@ -428,7 +428,7 @@ class Broker:
             raise ApiError(
                 400,
                 ErrorCode.INVALID_REQUEST,
-                f"invalid group name {body.group!r}: must match {wire.GROUP_RE.pattern}",
+                f"invalid group name {body.group!r}: must match {wire.TOPIC_PATTERN}",
             )
         if not 0 <= body.max_messages <= self.config.max_pull_messages:
             raise ApiError(
@@ -513,7 +513,7 @@ class Broker:
             raise ApiError(
                 400,
                 ErrorCode.INVALID_TOPIC,
-                f"invalid topic name {body.topic!r}: must match {wire.TOPIC_RE.pattern}",
+                f"invalid topic name {body.topic!r}: must match {wire.TOPIC_PATTERN}",
             )
         if not 1 <= body.queues <= MAX_QUEUES:
             raise ApiError(400, ErrorCode.INVALID_REQUEST, f"queues must be 1..{MAX_QUEUES}")

@@ -20,8 +20,8 @@ from .route_table import RouteTable
 log = logging.getLogger(__name__)
 
 # issue 6: what a registration may carry (what readers of the routes will trust)
-_NAME_RE = re.compile(r"^[\x21-\x7e]{1,128}$")
-_ADDR_RE = re.compile(r"^[\x21-\x7e]{1,255}$")
+_NAME_RE = re.compile(r"^[\x21-\x7e]{1,128}\Z")
+_ADDR_RE = re.compile(r"^[\x21-\x7e]{1,255}\Z")
 MAX_QUEUES = 256
 MAX_TOPICS_PER_BROKER = 100_000
 
@@ -116,7 +116,7 @@ def create_app(config: NameServerConfig) -> web.Application:
             raise ApiError(
                 400,
                 ErrorCode.INVALID_TOPIC,
-                f"invalid topic name {topic!r}: must match {wire.TOPIC_RE.pattern}",
+                f"invalid topic name {topic!r}: must match {wire.TOPIC_PATTERN}",
             )
         found = table.route(topic)
         if found is None:
