@@ -221,3 +221,6 @@ def test_send_result_is_an_immutable_value() -> None:
     with pytest.raises(AttributeError):
         r.queue_id = 4  # type: ignore[misc]
     assert "broker-a" in repr(r) and r.status == "SEND_OK"
+    import pickle
+
+    assert pickle.loads(pickle.dumps(r)) == r  # e.g. across a process pool
