@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -158,38 +158,27 @@ class MessageBatch:
     def __getitem__(self, rows: slice) -> MessageBatch:
         if not isinstance(rows, slice):
             raise TypeError("MessageBatch rows are taken by slice: batch[lo:hi]")
-
-        def cut(col: Sequence[Any] | None) -> Any:
-            return None if col is None else col[rows]
-
-        topic = self.topic if isinstance(self.topic, str) else self.topic[rows]
-        return MessageBatch(
-            topic,
-            self.bodies[rows],
-            msg_ids=cut(self.msg_ids),
-            delay_ms=cut(self.delay_ms),
-            deliver_at_ms=cut(self.deliver_at_ms),
-            keys=cut(self.keys),
-            tags=cut(self.tags),
-            properties=cut(self.properties),
-        )
+        return self._rows(lambda col: col[rows])
 
     def take(self, rows: Sequence[int]) -> MessageBatch:
         """A batch of the given rows, in that order."""
+        return self._rows(lambda col: [col[i] for i in rows])
 
-        def pick(col: Sequence[Any] | None) -> Any:
-            return None if col is None else [col[i] for i in rows]
+    def _rows(self, cut: Callable[[Sequence[Any]], Any]) -> MessageBatch:
+        """A batch of ``cut(column)`` for every column (an absent one stays absent)."""
 
-        topic = self.topic if isinstance(self.topic, str) else pick(self.topic)
+        def opt(col: Sequence[Any] | None) -> Any:
+            return None if col is None else cut(col)
+
         return MessageBatch(
-            topic,
-            pick(self.bodies),
-            msg_ids=pick(self.msg_ids),
-            delay_ms=pick(self.delay_ms),
-            deliver_at_ms=pick(self.deliver_at_ms),
-            keys=pick(self.keys),
-            tags=pick(self.tags),
-            properties=pick(self.properties),
+            self.topic if isinstance(self.topic, str) else cut(self.topic),
+            cut(self.bodies),
+            msg_ids=opt(self.msg_ids),
+            delay_ms=opt(self.delay_ms),
+            deliver_at_ms=opt(self.deliver_at_ms),
+            keys=opt(self.keys),
+            tags=opt(self.tags),
+            properties=opt(self.properties),
         )
 
     def msg_id(self, row: int) -> str | None:
