@@ -787,6 +787,7 @@ class DelayStore:
         dispatch: dict[int, list[int]] = collections.defaultdict(list)
         lateness = self._lateness
         read = self._mlog.read
+        names_ok: set[str] = set()  # topics that passed check_name in this call
         for d, pos, size in due:
             raw = read(pos, size)
             dispatch[d // self.bucket_ms].append(pos)
@@ -794,7 +795,8 @@ class DelayStore:
                 route = rec.verify_route(raw)
                 if route.kind != _MSG or route.deliver_at_ms != d:
                     raise rec.CorruptRecord("not the scheduled message")
-                check_name(route.topic)
+                if route.topic not in names_ok:
+                    names_ok.add(check_name(route.topic))
             except (rec.CorruptRecord, ValueError) as exc:
                 log.error("schedule entry at %d: %s; dropped", pos, exc)
                 self._stats["corrupt_records"] += 1
@@ -995,17 +997,23 @@ class DelayStore:
         w = self._wheel
         b = r.deliver_at_ms // self.bucket_ms
 
-        def disk_state() -> tuple[bool, bool]:
-            cancelled = any(k == _CANCEL for *_, k in self._slog.find(b, position=pos))
-            return cancelled, self._dlog.contains(b, pos)
+        def cancel_on_disk() -> bool:
+            return any(k == _CANCEL for *_, k in self._slog.find(b, position=pos))
 
         gen = w.dispatch_gen
-        on_disk_cancel, on_disk_fired = disk_state()  # usually without the lock ...
+        on_disk_cancel = cancel_on_disk()  # usually without the lock ...
+        on_disk_fired = self._dlog.contains(b, pos)
         with self._sched:
             if w.dispatch_gen != gen:
-                # ... but a dispatch write raced with the reads: read again, now that
-                # nothing can leave ``firing`` before we decide
-                on_disk_cancel, on_disk_fired = disk_state()
+                # ... but a dispatch write raced with the reads: read the dispatch log
+                # again, now that nothing can leave ``firing`` before we decide. A cancel
+                # entry appended since the first read came with ``w.cancel`` in the same
+                # lock hold, so ``is_cancelled`` below covers it without re-reading the
+                # whole schedule file; only a cancel seen before is read again (the
+                # bucket may have been cleaned up meanwhile)
+                on_disk_fired = self._dlog.contains(b, pos)
+                if on_disk_cancel:
+                    on_disk_cancel = cancel_on_disk()
             reason = None
             if on_disk_cancel or w.is_cancelled(b, pos):
                 reason = "already_cancelled"
