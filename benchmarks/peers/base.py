@@ -6,14 +6,16 @@ import abc
 import contextlib
 import logging
 import threading
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from benchmarks._suite.procs import ServerProcess
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Peer", "PeerConsumer", "PeerProducer", "Sink"]
+__all__ = ["Peer", "PeerConsumer", "PeerProducer", "ServerPeer", "Sink"]
 
 #: Called by a consumer with the id of each message that arrives.
 Sink = Callable[[str], None]
@@ -47,7 +49,6 @@ class PeerConsumer(abc.ABC):
 
     def __init__(self, sink: Sink) -> None:
         self.sink = sink
-        self.errors = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=type(self).__name__, daemon=True)
 
@@ -85,7 +86,6 @@ class PeerConsumer(abc.ABC):
                     connected = True
                 self.poll_once()
             except Exception as exc:
-                self.errors += 1
                 log.debug("%s: %s: %s", type(self).__name__, type(exc).__name__, exc)
                 connected = False
                 with contextlib.suppress(Exception):
@@ -152,6 +152,24 @@ class Peer(abc.ABC):
         return None
 
 
-def monotonic_deadline(seconds: float) -> float:
-    """A ``time.monotonic()`` deadline ``seconds`` from now."""
-    return time.monotonic() + seconds
+class ServerPeer(Peer):
+    """A peer whose server is one ``ServerProcess`` on a loopback ``port``.
+
+    ``start`` picks the port and sets ``server``; kill -9, restart and stop act on it.
+    """
+
+    def __init__(self) -> None:
+        self.server: ServerProcess | None = None
+        self.port = 0
+
+    def kill9(self) -> None:
+        if self.server is not None:
+            self.server.kill9()
+
+    def restart(self) -> None:
+        assert self.server is not None
+        self.server.start(self.start_timeout)
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._suite.procs import ServerProcess, free_port, port_open
-from benchmarks.peers.base import Peer, PeerConsumer, PeerProducer, Sink
+from benchmarks.peers.base import Peer, PeerConsumer, PeerProducer, ServerPeer, Sink
 
 log = logging.getLogger(__name__)
 
@@ -66,17 +66,16 @@ class BeanstalkConsumer(PeerConsumer):
             self.c.close()
 
 
-class BeanstalkPeer(Peer):
+class BeanstalkPeer(ServerPeer):
     """beanstalkd, in memory or with a write-ahead binlog."""
 
     start_timeout = 10.0
 
     def __init__(self, name: str, binlog_args: Sequence[str] | None, description: str) -> None:
+        super().__init__()
         self.name = name
         self.binlog_args = list(binlog_args) if binlog_args is not None else None
         self.description = description
-        self.server: ServerProcess | None = None
-        self.port = 0
 
     def missing(self) -> str | None:
         if shutil.which("beanstalkd") is None:
@@ -96,18 +95,6 @@ class BeanstalkPeer(Peer):
             self.name, argv, ready=lambda: port_open(self.port), log_path=workdir / "server.log"
         )
         self.server.start(self.start_timeout)
-
-    def kill9(self) -> None:
-        if self.server is not None:
-            self.server.kill9()
-
-    def restart(self) -> None:
-        assert self.server is not None
-        self.server.start(self.start_timeout)
-
-    def stop(self) -> None:
-        if self.server is not None:
-            self.server.stop()
 
     def producer(self, channel: str) -> PeerProducer:
         return BeanstalkProducer(self.port, channel)

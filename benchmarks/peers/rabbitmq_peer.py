@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._suite.procs import ServerProcess, env_with, free_port, port_open
-from benchmarks.peers.base import Peer, PeerConsumer, PeerProducer, Sink
+from benchmarks.peers.base import PeerConsumer, PeerProducer, ServerPeer, Sink
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +105,7 @@ class RabbitConsumer(PeerConsumer):
             self.conn = None
 
 
-class RabbitPeer(Peer):
+class RabbitPeer(ServerPeer):
     """rabbitmq-server on its own epmd port, node name, and data dir."""
 
     name = "rabbitmq"
@@ -113,9 +113,8 @@ class RabbitPeer(Peer):
     start_timeout = 60.0
 
     def __init__(self) -> None:
-        self.server: ServerProcess | None = None
+        super().__init__()
         self.epmd: ServerProcess | None = None
-        self.port = 0
 
     def missing(self) -> str | None:
         if not os.path.exists(RABBIT_BIN):
@@ -174,14 +173,6 @@ class RabbitPeer(Peer):
             log_path=workdir / "server.log",
             cwd=workdir,
         )
-        self.server.start(self.start_timeout)
-
-    def kill9(self) -> None:
-        if self.server is not None:
-            self.server.kill9()
-
-    def restart(self) -> None:
-        assert self.server is not None
         self.server.start(self.start_timeout)
 
     def stop(self) -> None:

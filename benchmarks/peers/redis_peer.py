@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._suite.procs import ServerProcess, free_port
-from benchmarks.peers.base import Peer, PeerConsumer, PeerProducer, Sink
+from benchmarks.peers.base import Peer, PeerConsumer, PeerProducer, ServerPeer, Sink
 
 log = logging.getLogger(__name__)
 
@@ -81,17 +81,16 @@ class RedisConsumer(PeerConsumer):
             self.r.close()
 
 
-class RedisPeer(Peer):
+class RedisPeer(ServerPeer):
     """redis-server with a given persistence configuration."""
 
     start_timeout = 10.0
 
     def __init__(self, name: str, extra_args: Sequence[str], description: str) -> None:
+        super().__init__()
         self.name = name
         self.extra_args = list(extra_args)
         self.description = description
-        self.server: ServerProcess | None = None
-        self.port = 0
 
     def missing(self) -> str | None:
         if shutil.which("redis-server") is None:
@@ -128,18 +127,6 @@ class RedisPeer(Peer):
 
         self.server = ServerProcess(self.name, argv, ready=ready, log_path=workdir / "server.log")
         self.server.start(self.start_timeout)
-
-    def kill9(self) -> None:
-        if self.server is not None:
-            self.server.kill9()
-
-    def restart(self) -> None:
-        assert self.server is not None
-        self.server.start(self.start_timeout)
-
-    def stop(self) -> None:
-        if self.server is not None:
-            self.server.stop()
 
     def producer(self, channel: str) -> PeerProducer:
         return RedisProducer(self.port, channel)
