@@ -30,7 +30,8 @@ class Background:
     def __init__(self, core: ProducerCore, cfg: ProducerConfig) -> None:
         self.core = core
         self._http = SyncHttp(verify=cfg.verify)
-        self._ns = NameServerClient(cfg.namesrv, timeout=cfg.namesrv_timeout, http=self._http)
+        #: the name-server client; ``Producer`` fetches first routes with it too
+        self.ns = NameServerClient(cfg.namesrv, timeout=cfg.namesrv_timeout, http=self._http)
         self._retry_after: dict[str, float] = {}
         self._last_wake = 0.0
         self._lock = threading.Lock()
@@ -64,7 +65,7 @@ class Background:
             if self._retry_after.get(topic, 0.0) > now:
                 continue
             try:
-                route = self._ns.get_route(topic)
+                route = self.ns.get_route(topic)
             except QClientError as exc:
                 self._retry_after[topic] = now + _REFRESH_BACKOFF
                 log.warning(
@@ -76,5 +77,5 @@ class Background:
 
     def close(self) -> None:
         self.detector.stop()
-        self._ns.close()
+        self.ns.close()
         self._http.close()

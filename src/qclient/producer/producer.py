@@ -13,7 +13,6 @@ from typing import Any
 from .._models import Message, MessageBatch, SendResult
 from ..errors import BrokerUnavailableError, InvalidMessageError, QClientError
 from ..fault.index import ThreadLocalIndex
-from ..routing.nameserver import NameServerClient
 from ..routing.publish_info import TopicPublishInfo
 from ..transport.http import SyncHttp
 from ._background import Background
@@ -79,8 +78,8 @@ class Producer(ProducerBase):
             verify=cfg.verify,
             direct=True,
         )
-        self._ns = NameServerClient(cfg.namesrv, timeout=cfg.namesrv_timeout, verify=cfg.verify)
         self._bg = Background(self._core, cfg)
+        self._ns = self._bg.ns  # the same settings; closed by the background's close()
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
         self._sender: Sender | None = None
@@ -234,7 +233,6 @@ class Producer(ProducerBase):
         if self._pool is not None:
             self._pool.shutdown(wait=True)
         self._http.close()
-        self._ns.close()
 
     @staticmethod
     def _not_from_callback(what: str) -> None:
