@@ -5,15 +5,18 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable
+from typing import TypeVar
 
 import pytest
 
 from qclient import Consumer, ReceivedMessage
 
+T = TypeVar("T")
+
 
 def wait_until(
-    cond: Callable[[], object], timeout: float, what: str, interval: float = 0.05
-) -> object:
+    cond: Callable[[], T | None], timeout: float, what: str, interval: float = 0.05
+) -> T:
     """Poll ``cond`` until it returns a truthy value; fail the test after ``timeout`` s."""
     deadline = time.monotonic() + timeout
     while True:

@@ -4,17 +4,13 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
-import pytest
 
 from qclient import Consumer, ReceivedMessage
 from qclient.protocol import auth, wire
-
-T = TypeVar("T")
 
 # Distinctive strings, so a leak is easy to find in logs, reprs and messages.
 APP_KEY = "app1"
@@ -105,18 +101,3 @@ def drain_signed(
         while not want <= {m.msg_id for m in got} and time.monotonic() < deadline:
             got.extend(consumer.poll(max_messages=256, timeout=0.5))
     return got
-
-
-def wait_until(
-    cond: Callable[[], T | None], timeout: float, what: str, interval: float = 0.05
-) -> T:
-    """Poll ``cond`` until it returns a truthy value; fail the test after ``timeout`` s
-    (as tests/integration/helpers.py, which this package cannot import)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)

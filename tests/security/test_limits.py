@@ -7,11 +7,10 @@ import os
 
 import httpx
 import pytest
+from tests.integration.helpers import wait_until
 
 from qclient import LocalCluster, Message, Producer
 from qclient.protocol import wire
-
-from ._support import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.integration.helpers import wait_until
 
 from qclient import Consumer, LocalCluster, ReceivedMessage
 
@@ -128,14 +129,6 @@ def _reported(query: Any) -> int:
     return sum(p["numInputRows"] for p in query.recentProgress)
 
 
-def _wait_for(cond: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.1)
-
-
 def _assert_each_value_once(got: list[ReceivedMessage], reported: int) -> None:
     by_value = Counter(int(m.body) for m in got)
     assert set(range(reported)) <= set(by_value)  # every reported row delivered
@@ -147,7 +140,7 @@ def test_streaming_delivers_every_reported_row(
 ) -> None:
     query = _rate_query(spark, cluster.namesrv, topic, tmp_path / "ck")
     try:
-        _wait_for(lambda: _reported(query) >= 600, 60, "600 rows through the stream")
+        wait_until(lambda: _reported(query) >= 600, 60, "600 rows through the stream", 0.1)
     finally:
         query.stop()
     assert query.exception() is None
@@ -184,7 +177,7 @@ def test_streaming_restart_after_failure_mid_batch(
         spark, cluster.namesrv, topic, ck, lambda df: df.withColumn("value", guard("value"))
     )
     try:
-        _wait_for(lambda: not query.isActive, 60, "the injected failure to stop the query")
+        wait_until(lambda: not query.isActive, 60, "the injected failure to stop the query", 0.1)
     finally:
         query.stop()
     assert "injected failure" in str(query.exception())
@@ -195,7 +188,7 @@ def test_streaming_restart_after_failure_mid_batch(
         spark, cluster.namesrv, topic, ck, lambda df: df.withColumn("value", guard("value"))
     )
     try:
-        _wait_for(lambda: _reported(query) >= 600, 60, "the restarted query to go on")
+        wait_until(lambda: _reported(query) >= 600, 60, "the restarted query to go on", 0.1)
     finally:
         query.stop()
     assert query.exception() is None
