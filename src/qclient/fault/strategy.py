@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Sequence
 
@@ -69,25 +70,32 @@ class MQFaultStrategy:
     # --- selection ---------------------------------------------------------------------
 
     def select_many(self, info: TopicPublishInfo, n: int) -> list[MessageQueue]:
-        """``n`` first-attempt selections (``select_one_message_queue(info)`` n times), the
-        common case of everything healthy in one step."""
+        """``n`` first-attempt selections (``select_one_message_queue(info)`` n times): the
+        brokers' health read once, one advance of the index, then round robin over the
+        queues that passed the filter."""
+        if n < 1:
+            return []
         queues = info.queues
-        if (
-            n > 1
-            and queues
-            and self.send_latency_fault_enable
-            and self.latency_fault_tolerance.all_healthy()
-        ):
-            first = info.index.advance(n)
-            size = len(queues)
+        if not queues:
+            raise ValueError(f"topic {info.topic} has no writable queue")
+        first = info.index.advance(n)
+        pool: Sequence[MessageQueue] = queues
+        if self.send_latency_fault_enable:
+            lft = self.latency_fault_tolerance
+            if not lft.all_healthy():
+                unavailable, unreachable = lft.unhealthy()
+                if unavailable:  # the tiers of select_one_message_queue, no last broker
+                    pool = (
+                        [q for q in queues if q.broker_name not in unavailable]
+                        or [q for q in queues if q.broker_name not in unreachable]
+                        or queues
+                    )
+        size = len(pool)
+        if first + n - 1 <= POSITIVE_MASK:  # no wrap of the counter inside the run
             start = first % size
-            if first + n - 1 <= POSITIVE_MASK:  # no wrap of the counter inside the run
-                rotated = queues[start:] + queues[:start]
-                reps = -(-n // size)
-                return list(rotated * reps)[:n]
-            return [queues[((first + i) & POSITIVE_MASK) % size] for i in range(n)]
-        select = self.select_one_message_queue
-        return [select(info) for _ in range(n)]
+            rotated = [*pool[start:], *pool[:start]]
+            return (rotated * -(-n // size))[:n]
+        return [pool[((first + i) & POSITIVE_MASK) % size] for i in range(n)]
 
     def select_one_message_queue(
         self, info: TopicPublishInfo, last_broker: str | None = None, reset_index: bool = False
@@ -175,26 +183,20 @@ class MQFaultStrategy:
 
     def _id_brokers(
         self, info: TopicPublishInfo, last_broker: str | None
-    ) -> tuple[list[tuple[str, int]], dict[str, list[MessageQueue]]]:
+    ) -> tuple[list[tuple[str, int]], dict[str, tuple[MessageQueue, ...]]]:
         """The candidate brokers of ``select_for_id`` (sorted, with their hash seeds)
         and the queues of each broker in route order."""
-        queues = info.queues
-        if not queues:
+        if not info.queues:
             raise ValueError(f"topic {info.topic} has no writable queue")
-        by_broker: dict[str, list[MessageQueue]] = {}
-        for q in queues:
-            mine = by_broker.get(q.broker_name)
-            if mine is None:
-                by_broker[q.broker_name] = [q]
-            else:
-                mine.append(q)
-        brokers = set(by_broker)
+        by_broker = info.by_broker
+        brokers = {b for b, mine in by_broker.items() if mine}
         candidates = brokers - {last_broker} if last_broker in brokers else brokers
-        if self.send_latency_fault_enable:
+        lft = self.latency_fault_tolerance
+        if self.send_latency_fault_enable and not lft.all_healthy():
             # Only a broker that failed (unreachable) loses its ids; one that is merely
             # slow (isolated for its latency) keeps them: moving ids on a latency blip
             # would store a later re-send on another broker, which cannot dedupe it.
-            _unavailable, unreachable = self.latency_fault_tolerance.unhealthy()
+            _unavailable, unreachable = lft.unhealthy()
             candidates = (candidates - unreachable) or candidates
         if not candidates:
             candidates = brokers
@@ -206,13 +208,16 @@ class MQFaultStrategy:
 _hash = xxhash.xxh3_64_intdigest
 
 
+@functools.cache
 def _broker_seed(name: str) -> int:
     """The seed that makes a broker's rendezvous score of an id its own."""
     return _hash(name.encode())
 
 
 def _pick_for_id(
-    msg_id: str, order: list[tuple[str, int]], by_broker: dict[str, list[MessageQueue]]
+    msg_id: str,
+    order: list[tuple[str, int]],
+    by_broker: dict[str, tuple[MessageQueue, ...]],
 ) -> MessageQueue:
     """Rendezvous hashing: the candidate (in ``order``) with the highest hash of the id
     seeded with its name (the first of equals), then the id's own hash picks the queue."""
