@@ -1,6 +1,6 @@
 """Broker benchmark: accepted msgs/s and firing lateness, one broker, fsync before ack.
 
-    python benchmarks/broker_bench.py [--seconds 5] [--rates 5000,10000,20000,40000]
+    python -m benchmarks.broker_bench [--seconds 5] [--rates 5000,10000,20000,40000]
                                       [--due-seconds 10] [--json]
 
 1. accept: concurrent clients post batches of 256 x 100 B messages (msgpack) straight to
@@ -24,6 +24,7 @@ import time
 import httpx
 import psutil
 
+from benchmarks._broker_http import post_bodies, store_stats
 from qclient import LocalCluster
 from qclient.protocol import wire
 
@@ -60,40 +61,14 @@ def _encode_batches(
     return out
 
 
-async def _post_all(
-    addr: str, bodies: list[bytes], concurrency: int, deadline: float | None
-) -> tuple[int, float]:
-    """Post bodies with ``concurrency`` connections; returns (messages acked, seconds)."""
-    queue = list(reversed(bodies))
-    acked = 0
-    headers = {"content-type": wire.MSGPACK}
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(
-        base_url=f"http://{addr}", limits=limits, timeout=30, trust_env=False
-    ) as client:
-
-        async def worker() -> None:
-            nonlocal acked
-            while queue and (deadline is None or time.monotonic() < deadline):
-                body = queue.pop()
-                r = await client.post(wire.BROKER_SEND, content=body, headers=headers)
-                r.raise_for_status()
-                resp = wire.decode(r.content, wire.SendResponse, wire.MSGPACK)
-                acked += sum(1 for x in resp.results if x.status == wire.SEND_OK)
-
-        t0 = time.monotonic()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        return acked, time.monotonic() - t0
-
-
 def bench_accept(addr: str, pid: int, seconds: float, concurrency: int) -> dict[str, float]:
     est = int(seconds * 80_000 / BATCH) + 8  # enough batches for ~80k msgs/s
     bodies = _encode_batches(f"acc{os.getpid()}", est, "bench-accept", None)
     proc = psutil.Process(pid)
     cpu0 = sum(proc.cpu_times()[:2])
-    acked, elapsed = asyncio.run(_post_all(addr, bodies, concurrency, time.monotonic() + seconds))
+    acked, elapsed = asyncio.run(post_bodies(addr, bodies, concurrency, time.monotonic() + seconds))
     cpu = sum(proc.cpu_times()[:2]) - cpu0
-    stats = httpx.get(f"http://{addr}{wire.BROKER_STATS}").json()["store"]
+    stats = store_stats(addr)
     return {
         "accepted_msgs_per_s": acked / elapsed,
         "accepted": acked,
@@ -129,7 +104,7 @@ def bench_firing(
     step = due_seconds * 1000 / total
     deliver = [start + int(i * step) for i in range(total)]
     bodies = _encode_batches(f"fire{os.getpid()}-{rate}", n_batches, topic, deliver)
-    acked, send_s = asyncio.run(_post_all(addr, bodies, 4, None))
+    acked, send_s = asyncio.run(post_bodies(addr, bodies, 4))
     sent_late = time.time() * 1000 > start
     if sent_late:
         print(f"warning: sending took {send_s:.1f} s, past the first due time", file=sys.stderr)

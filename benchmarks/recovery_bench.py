@@ -34,6 +34,7 @@ from typing import Any
 import httpx
 import psutil
 
+from benchmarks._broker_http import post_bodies, store_stats
 from qclient import LocalCluster
 from qclient.protocol import wire
 
@@ -68,39 +69,9 @@ def _bodies(prefix: str, n: int, base_ms: int, body: bytes) -> Iterator[bytes]:
         yield wire.encode(wire.SendRequest(msgs), wire.MSGPACK)
 
 
-async def _fill(addr: str, bodies: Iterator[bytes], deadline: float) -> int:
-    """Post every body (bounded by ``deadline``); returns the messages acknowledged."""
-    acked = 0
-    headers = {"content-type": wire.MSGPACK}
-    limits = httpx.Limits(max_connections=CONCURRENCY, max_keepalive_connections=CONCURRENCY)
-    async with httpx.AsyncClient(
-        base_url=f"http://{addr}", limits=limits, timeout=60, trust_env=False
-    ) as client:
-
-        async def worker() -> None:
-            nonlocal acked
-            for body in bodies:  # a shared iterator: each body is taken by one worker
-                if time.monotonic() > deadline:
-                    return
-                r = await client.post(wire.BROKER_SEND, content=body, headers=headers)
-                r.raise_for_status()
-                resp = wire.decode(r.content, wire.SendResponse, wire.MSGPACK)
-                acked += sum(1 for x in resp.results if x.status == wire.SEND_OK)
-
-        await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
-    return acked
-
-
 def _rss_mib(pid: int | None) -> float:
     assert pid is not None
     return psutil.Process(pid).memory_info().rss / 2**20
-
-
-def _stats(addr: str) -> dict[str, Any]:
-    r = httpx.get(f"http://{addr}{wire.BROKER_STATS}", timeout=30, trust_env=False)
-    r.raise_for_status()
-    store: dict[str, Any] = r.json()["store"]
-    return store
 
 
 def _cancel_some(addr: str, prefix: str, n: int, base_ms: int) -> tuple[int, int]:
@@ -132,18 +103,17 @@ def bench_size(n: int, deadline: float, body_bytes: int = BODY_BYTES) -> dict[st
         time.sleep(0.5)  # let the fresh process settle before the baseline RSS
         rss0 = _rss_mib(broker.pid)
         t0 = time.monotonic()
-        acked = asyncio.run(
-            _fill(broker.addr, _bodies(prefix, n, base_ms, b"x" * body_bytes), deadline)
-        )
+        bodies = _bodies(prefix, n, base_ms, b"x" * body_bytes)
+        acked, _ = asyncio.run(post_bodies(broker.addr, bodies, CONCURRENCY, deadline, timeout=60))
         fill_s = time.monotonic() - t0
         rss1 = _rss_mib(broker.pid)
-        before = _stats(broker.addr)
+        before = store_stats(broker.addr)
         broker.kill()
         t1 = time.monotonic()
         broker.start(timeout=max(30.0, deadline - t1 + 30))
         recovery_s = time.monotonic() - t1
         rss2 = _rss_mib(broker.pid)
-        after = _stats(broker.addr)
+        after = store_stats(broker.addr)
         cancelled, tried = _cancel_some(broker.addr, prefix, n, base_ms) if acked == n else (0, 0)
     return {
         "n": n,
