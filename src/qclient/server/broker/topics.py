@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 from pathlib import Path
 
 from ...protocol import wire
+from ..store._files import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -50,9 +50,4 @@ class TopicRegistry:
             }
             for n, c in self._topics.items()
         }
-        tmp = self._path.with_suffix(".tmp")
-        with open(tmp, "w") as fh:
-            json.dump(data, fh, sort_keys=True)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, self._path)
+        atomic_write(self._path, json.dumps(data, sort_keys=True).encode())
