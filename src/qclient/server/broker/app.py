@@ -10,6 +10,7 @@ import ssl
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Iterable
 from operator import attrgetter
 from pathlib import Path
 from typing import Any
@@ -228,14 +229,22 @@ class Broker:
             return m.deliver_at_ms
         return now_ms
 
-    def check_batch(self, msgs: list[wire.WireMessage], now_ms: int) -> list[int] | None:
+    def check_batch(
+        self,
+        msgs: list[wire.WireMessage],
+        now_ms: int,
+        topics: Iterable[str],
+        max_queue: int,
+    ) -> list[int] | None:
         """The deliver times of a batch every message of which passes :meth:`check_message`
         (each check done once per batch, in C loops: no per-message Python code), or
         None when some message may not pass or has a shape this fast path leaves alone --
         then :meth:`check_message`, message by message, gives the answer (and names the
-        first bad message). Never looser than :meth:`check_message`."""
+        first bad message). Never looser than :meth:`check_message`. ``topics``: the
+        batch's distinct topics; ``max_queue``: its highest queue id (the caller needs
+        both too, so they are computed once)."""
         n = len(msgs)
-        for topic in set(map(_TOPIC, msgs)):
+        for topic in topics:
             if not wire.valid_topic(topic):
                 return None
         ids = list(map(_MSG_ID, msgs))
@@ -248,8 +257,7 @@ class Broker:
             return None
         if max(map(len, map(_BODY, msgs))) > self.config.max_message_size:
             return None
-        queues = list(map(_QUEUE_ID, msgs))
-        if min(queues) < 0 or max(queues) >= MAX_QUEUES:
+        if min(map(_QUEUE_ID, msgs)) < 0 or max_queue >= MAX_QUEUES:
             return None
         for attr, limit in ((_KEY, MAX_KEY_CHARS), (_TAGS, MAX_TAGS_CHARS)):
             if any(map(attr, msgs)):  # all None or "": nothing to check
@@ -297,38 +305,20 @@ class Broker:
                 f"{count} messages in one request, the limit is {self.config.max_batch_messages}",
             )
         now = _now_ms()
-        deliver = self.check_batch(msgs, now)
+        topic_names = dict.fromkeys(map(_TOPIC, msgs))  # first-appearance order
+        max_queue = max(map(_QUEUE_ID, msgs))
+        deliver = self.check_batch(msgs, now, topic_names, max_queue)
         if deliver is None:
             deliver = [self.check_message(i, m, now) for i, m in enumerate(msgs)]
-        topic_names = dict.fromkeys(map(_TOPIC, msgs))  # first-appearance order
         await self.authorize(request, set(topic_names))
         if self.config.read_only:
             raise ApiError(403, ErrorCode.NOT_WRITABLE, f"broker {self.config.name} is read-only")
         configs = {t: self.ensure_topic(t) for t in topic_names}
-        results: list[wire.MessageResult] = []
+        results: list[wire.MessageResult]
         slots: list[wire.MessageResult | None] = []  # by message, when some are refused
         index: list[int] | None = None  # positions in msgs of to_store; None: all of them
-        if len(configs) == 1 and self._writable(
-            next(iter(configs.values())), max(map(_QUEUE_ID, msgs))
-        ):
-            to_store = [
-                NewMessage(
-                    m.topic,
-                    m.queue_id,
-                    m.msg_id,
-                    m.body,
-                    d,
-                    m.key,
-                    m.tags,
-                    m.properties,
-                    m.flag,
-                    now,
-                )
-                for m, d in zip(msgs, deliver, strict=True)
-            ]
-        else:
+        if not (len(configs) == 1 and self._writable(next(iter(configs.values())), max_queue)):
             slots = [None] * count
-            to_store = []
             index = []
             for i, m in enumerate(msgs):
                 cfg = configs[m.topic]
@@ -349,26 +339,30 @@ class Broker:
                         f"broker {self.config.name}",
                     )
                     continue
-                to_store.append(
-                    NewMessage(
-                        m.topic,
-                        m.queue_id,
-                        m.msg_id,
-                        m.body,
-                        deliver[i],
-                        m.key,
-                        m.tags,
-                        m.properties,
-                        m.flag,
-                        now,
-                    )
-                )
                 index.append(i)
+        chosen = (
+            zip(msgs, deliver, strict=True)
+            if index is None
+            else ((msgs[i], deliver[i]) for i in index)
+        )
+        to_store = [
+            NewMessage(
+                m.topic, m.queue_id, m.msg_id, m.body, d, m.key, m.tags, m.properties, m.flag, now
+            )
+            for m, d in chosen
+        ]
         if to_store:
             try:
                 # validated: check_batch / check_message did (more strictly) what the
-                # store's own input checks would do again
-                stored = await asyncio.wrap_future(self.store.submit(to_store, validated=True))
+                # store's own input checks would do again; topics: those of to_store
+                # when it is all of msgs (then the store need not collect them again)
+                stored = await asyncio.wrap_future(
+                    self.store.submit(
+                        to_store,
+                        validated=True,
+                        topics=topic_names if index is None else None,
+                    )
+                )
             except StoreBusyError as exc:
                 raise ApiError(503, ErrorCode.BROKER_BUSY, f"broker busy: {exc}") from None
             except InvalidRecordError as exc:  # issue 6: bad input, not a store failure

@@ -68,7 +68,7 @@ import os
 import threading
 import time
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 
 import msgspec
@@ -471,13 +471,16 @@ class DelayStore:
             raise InvalidRecordError("message too large")
         return data
 
-    def _encode_validated(self, msgs: list[NewMessage], now: int) -> list[bytes] | None:
+    def _encode_validated(
+        self, msgs: list[NewMessage], now: int, names: Iterable[str] | None = None
+    ) -> list[bytes] | None:
         """Records of messages the caller has already validated (``submit(validated=True)``):
         only what the caller's checks do not cover is checked here (topic names, once per
         topic; record size). None when a message needs the full :meth:`_validate` (it has
-        key, tags or properties, or something is off: then _validate names the problem)."""
+        key, tags or properties, or something is off: then _validate names the problem).
+        ``names``: the messages' distinct topics, if the caller has them."""
         topics: dict[str, bytes] = {}
-        for topic in set(map(_TOPIC, msgs)):
+        for topic in set(map(_TOPIC, msgs)) if names is None else names:
             if topic not in self._topics_ok:
                 return None
             topics[topic] = topic.encode()
@@ -494,19 +497,24 @@ class DelayStore:
         return out
 
     def submit(
-        self, msgs: list[NewMessage], *, validated: bool = False
+        self,
+        msgs: list[NewMessage],
+        *,
+        validated: bool = False,
+        topics: Iterable[str] | None = None,
     ) -> Future[list[StoreResult]]:
         """Store messages; the future completes once they are durable (see module doc).
 
         ``validated``: the caller has checked queue ids (0..65535), ids (non-empty str of
         at most 1024 chars), bodies (bytes) and deliver times (0..now + max_delay_ms)
         already; the store then skips those checks (topic names and record sizes are
-        still checked). Raises InvalidRecordError (nothing of the call is stored),
-        StoreBusyError, StoreError.
+        still checked). ``topics`` (with ``validated``): the distinct topics of ``msgs``
+        when the caller has collected them already (exactly those, no others). Raises
+        InvalidRecordError (nothing of the call is stored), StoreBusyError, StoreError.
         """
         self._check_open()
         now = self._clock()
-        datas = self._encode_validated(msgs, now) if validated and msgs else None
+        datas = self._encode_validated(msgs, now, topics) if validated and msgs else None
         if datas is None:
             datas = [self._validate(m, now) for m in msgs]
         batch = _Batch(len(msgs))
