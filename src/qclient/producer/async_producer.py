@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -43,7 +44,7 @@ class _Coalescer:
     def __init__(self, producer: AsyncProducer, limit: int) -> None:
         self._p = producer
         self._limit = limit
-        self._pending: dict[str, list[tuple[Item, asyncio.Future[Any]]]] = {}
+        self._pending: dict[str, deque[tuple[Item, asyncio.Future[Any]]]] = {}
         self._in_flight: dict[str, int] = {}
         self.tasks: set[asyncio.Task[None]] = set()
 
@@ -51,7 +52,10 @@ class _Coalescer:
         assert item.queue is not None
         broker = item.queue.broker_name
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._pending.setdefault(broker, []).append((item, fut))
+        pending = self._pending.get(broker)
+        if pending is None:
+            pending = self._pending[broker] = deque()
+        pending.append((item, fut))
         self._kick(broker)
         result: SendResult | QClientError = await fut
         return result
@@ -66,7 +70,7 @@ class _Coalescer:
                 s = pending[0][0].size
                 if batch and size + s > cfg.batch_max_bytes:
                     break
-                batch.append(pending.pop(0))
+                batch.append(pending.popleft())
                 size += s
             self._in_flight[broker] = self._in_flight.get(broker, 0) + 1
             task = asyncio.create_task(self._run(broker, batch))
