@@ -6,7 +6,6 @@ never answers, a health endpoint that comes back).
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -16,22 +15,19 @@ from typing import Any
 
 from qclient.protocol.wire import (
     MSGPACK,
-    BrokerData,
     ErrorBody,
     ErrorResponse,
     MessageResult,
-    QueueData,
     SendRequest,
     SendResponse,
-    TopicRoute,
     decode,
     encode,
 )
 
+from .conftest import route
+
 
 class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-
     def handle_error(self, request: Any, client_address: Any) -> None:
         pass  # a client that gave up on a hung request: nothing to report
 
@@ -49,7 +45,6 @@ class FakeBroker:
         self.release = threading.Event()
         self.lock = threading.Lock()
         self.server = _Server(("127.0.0.1", 0), self._handler())
-        self.server.daemon_threads = True
         self.addr = f"127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
@@ -132,16 +127,7 @@ class FakeBroker:
 
 class FakeNameServer:
     def __init__(self, brokers: list[FakeBroker], queues: int = 4) -> None:
-        self.route = TopicRoute(
-            topic="t",
-            queue_datas=[
-                QueueData(
-                    broker_name=b.name, read_queue_nums=queues, write_queue_nums=queues, perm=6
-                )
-                for b in brokers
-            ],
-            broker_datas=[BrokerData(broker_name=b.name, addrs={0: b.addr}) for b in brokers],
-        )
+        self.route = route("t", {b.name: b.addr for b in brokers}, queues)
         self.calls = 0
         ns = self
 
@@ -161,7 +147,6 @@ class FakeNameServer:
                 self.wfile.write(body)
 
         self.server = _Server(("127.0.0.1", 0), H)
-        self.server.daemon_threads = True
         self.addr = f"127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
@@ -181,12 +166,6 @@ def fake_cluster(n: int = 2) -> Iterator[tuple[FakeNameServer, list[FakeBroker]]
         ns.stop()
         for b in brokers:
             b.stop()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_until(cond: Any, timeout: float, step: float = 0.02) -> bool:
