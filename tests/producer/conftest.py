@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import httpx
-import pytest
 
 from qclient.protocol.wire import (
     MSGPACK,
@@ -67,8 +66,3 @@ def ok_send(broker: str):
         )
 
     return handler
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
