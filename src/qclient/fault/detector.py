@@ -59,7 +59,6 @@ class Detector:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self.rounds = 0
 
     def start(self) -> None:
         self._thread.start()
@@ -85,7 +84,6 @@ class Detector:
             )
         if self.housekeeping is not None:
             self.housekeeping()
-        self.rounds += 1
         return probes
 
     def _run(self) -> None:

@@ -99,10 +99,6 @@ class LatencyFaultTolerance:
         item = self._items.get(name)
         return item is None or item.is_available(self.timer())
 
-    def is_reachable(self, name: str) -> bool:
-        item = self._items.get(name)
-        return item is None or item.reachable
-
     def unhealthy(self) -> tuple[set[str], set[str]]:
         """``(not available, not reachable)`` broker names, right now."""
         now = self.timer()

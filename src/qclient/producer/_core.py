@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Generator, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -113,7 +113,6 @@ class Sleep(float):
 
 Step = list[HttpCall] | Sleep
 Plan = Generator[Step, Any, Any]
-Outcomes = list[SendResult | QClientError]
 
 
 class _Round(Exception):
@@ -295,19 +294,6 @@ class ProducerCore:
         return self.strategy.latency_fault_tolerance.snapshot()
 
     # --- the send plan ---------------------------------------------------------------
-
-    def items(
-        self,
-        wires: Sequence[WireMessage],
-        infos: Sequence[TopicPublishInfo],
-        queues: Sequence[MessageQueue | None] | None = None,
-    ) -> list[Item]:
-        if queues is None:
-            return [Item(i, w, inf) for i, (w, inf) in enumerate(zip(wires, infos, strict=True))]
-        return [
-            Item(i, w, inf, q)
-            for i, (w, inf, q) in enumerate(zip(wires, infos, queues, strict=True))
-        ]
 
     def select(
         self,

@@ -9,7 +9,7 @@ import contextlib
 import logging
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from .._config import ProducerConfig
@@ -21,19 +21,9 @@ from ._drivers import AsyncSlots, run_async
 from ._future import settle_many
 from .message_accumulator import MessageAccumulator, ProducerBatch
 
-__all__ = ["Sender", "settle"]
+__all__ = ["Sender"]
 
 log = logging.getLogger(__name__)
-
-
-def settle(
-    futures: list[Future[SendResult]],
-    results: list[SendResult | BaseException],
-    condition: threading.Condition | None = None,
-) -> None:
-    """Complete each future with its result; a future the caller cancelled is skipped.
-    ``condition``: the one the futures share (``SendFuture``), to complete them at once."""
-    settle_many(condition or threading.Condition(), futures, results)
 
 
 class Sender:
@@ -162,7 +152,7 @@ class Sender:
     def _finish(self, batch: ProducerBatch, results: list[SendResult | BaseException]) -> None:
         def done() -> None:
             try:
-                settle(batch.futures, results, self.condition)
+                settle_many(self.condition, batch.futures, results)
             finally:
                 self.accumulator.complete(batch)
 

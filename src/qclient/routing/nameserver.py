@@ -65,7 +65,7 @@ class _NameServerCore:
         return NAMESRV_ROUTE.format(topic=quote(topic, safe=""))
 
     @staticmethod
-    def parse(resp: HttpResponse, typ: type[T], addr: str) -> T:
+    def parse(resp: HttpResponse, typ: type[T]) -> T:
         """The decoded body, ``_NotFound``, or an exception that means "ask the next one"."""
         if resp.status == 200:
             return decode(resp.content, typ, resp.media_type)
@@ -117,7 +117,7 @@ class NameServerClient:
             addr = self._core.addrs[i]
             try:
                 resp = self._http.request("GET", addr, path, timeout=self._core.timeout)
-                result = self._core.parse(resp, typ, addr)
+                result = self._core.parse(resp, typ)
             except _NotFound:
                 not_found = True
                 continue
@@ -181,7 +181,7 @@ class AsyncNameServerClient:
             addr = self._core.addrs[i]
             try:
                 resp = await self._http.request("GET", addr, path, timeout=self._core.timeout)
-                result = self._core.parse(resp, typ, addr)
+                result = self._core.parse(resp, typ)
             except _NotFound:
                 not_found = True
                 continue

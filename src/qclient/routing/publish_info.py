@@ -62,9 +62,6 @@ class TopicPublishInfo:
             by_broker=by_broker,
         )
 
-    def ok(self) -> bool:
-        return bool(self.queues)
-
     @property
     def brokers(self) -> list[str]:
         return list(self.by_broker)

@@ -116,10 +116,6 @@ class RouteCache:
             self._fresh.expire()
             return [t for t in self._last_good if t not in self._fresh]
 
-    def topics(self) -> list[str]:
-        with self._lock:
-            return list(self._last_good)
-
     def resolve(self, broker_name: str) -> str | None:
         """Master address of a broker in any current route; None if it left every route."""
         return self._addrs.get(broker_name)
