@@ -42,7 +42,6 @@ __all__ = [
     "Authorizer",
     "auth_middleware",
     "heartbeat_signer",
-    "load_signing_credentials",
 ]
 
 log = logging.getLogger(__name__)
@@ -239,6 +238,11 @@ class Authorizer:
         """Who may register brokers with a name server: the ``broker`` entry, or everyone."""
         return {self.broker.access_key: self.broker} if self.broker else self.accounts
 
+    def signing_account(self) -> Account:
+        """The account a broker signs its heartbeats with: the ``broker`` entry, or the
+        file's first account (see module doc)."""
+        return self.broker or next(iter(self.accounts.values()))
+
     async def verify(
         self, request: web.Request, accounts: Mapping[str, Account] | None = None
     ) -> Account:
@@ -370,13 +374,6 @@ def auth_middleware(
         return await handler(request)
 
     return middleware
-
-
-def load_signing_credentials(path: str | Path) -> tuple[str, str]:
-    """``(access_key, secret_key)`` a broker signs its heartbeats with (see module doc)."""
-    f = AuthFile.load(path)
-    account = f.broker or f.accounts[0]
-    return account.access_key, account.secret_key
 
 
 def heartbeat_signer(

@@ -92,10 +92,11 @@ class Broker:
             scheme = "https://" if self.config.tls_cert else ""
             self.config.advertise_addr = scheme + addr
         sign = None
-        if self.config.auth_file:  # issue 6: name servers with --auth-file want it signed
-            from .._auth import heartbeat_signer, load_signing_credentials
+        if self.authorizer is not None:  # issue 6: name servers with --auth-file want it signed
+            from .._auth import heartbeat_signer
 
-            sign = heartbeat_signer(*load_signing_credentials(self.config.auth_file))
+            account = self.authorizer.signing_account()
+            sign = heartbeat_signer(account.access_key, account.secret_key)
         ca = (
             ssl.create_default_context(cafile=self.config.tls_ca) if self.config.tls_ca else None
         )  # issue 6
