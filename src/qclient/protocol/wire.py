@@ -22,8 +22,11 @@ TOPIC_PATTERN = "^[A-Za-z0-9_%|-]{1,127}$"
 # \Z, not $: "$" also matches before a trailing newline, and "orders\n" is no topic
 TOPIC_RE = re.compile(r"^[A-Za-z0-9_%|-]{1,127}\Z")
 GROUP_RE = TOPIC_RE
+#: 1-128 printable ASCII characters, no space: message ids; on the servers also access
+#: keys and broker/cluster names
+PRINTABLE_128_RE = re.compile(r"^[\x21-\x7e]{1,128}\Z")
 #: message ids: 1-128 printable ASCII characters, no space
-MSG_ID_RE = re.compile(r"^[\x21-\x7e]{1,128}\Z")
+MSG_ID_RE = PRINTABLE_128_RE
 
 # Limits of one message, checked by the SDK before the network and again by the broker.
 MAX_KEY_CHARS = 1024

@@ -53,7 +53,6 @@ OPEN_PATHS = frozenset({wire.HEALTH})
 #: a topic pattern: topic characters and ``*``
 _PATTERN_RE = re.compile(r"^[A-Za-z0-9_%|*-]{1,127}\Z")
 _NONCE_RE = re.compile(r"^[\x21-\x7e]{8,64}\Z")
-_ACCESS_KEY_RE = re.compile(r"^[\x21-\x7e]{1,128}\Z")
 _REQUIRED = (
     auth.HEADER_ACCESS_KEY,
     auth.HEADER_TIMESTAMP,
@@ -112,7 +111,7 @@ def _account(entry: Any, where: str, *, with_topics: bool) -> Account:
     if unknown:
         raise AuthFileError(f"{where} has unknown field(s): {', '.join(sorted(unknown))}")
     access_key = _str_field(entry, "access_key", where)
-    if not _ACCESS_KEY_RE.match(access_key):
+    if not wire.PRINTABLE_128_RE.match(access_key):
         raise AuthFileError(f"{where}.access_key must be 1-128 printable ASCII characters")
     secret_key = _str_field(entry, "secret_key", where)
     topics: tuple[str, ...] = ()
@@ -265,7 +264,7 @@ class Authorizer:
             # (keys and secrets swapped by mistake must not end up in the log).
             shown = (
                 access_key[:64]
-                if _ACCESS_KEY_RE.match(access_key) and access_key not in self._secrets
+                if wire.PRINTABLE_128_RE.match(access_key) and access_key not in self._secrets
                 else "(not shown)"
             )
             raise self._refuse(request, 401, "unknown_key", f"unknown access key {shown!r}")

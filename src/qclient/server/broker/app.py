@@ -8,7 +8,6 @@ import gc
 import logging
 import ssl
 import sys
-import time
 from collections import defaultdict
 from collections.abc import Iterable
 from operator import attrgetter
@@ -27,6 +26,7 @@ from ..store import (
     StoreBusyError,
     StoreConfig,
     StoreError,
+    wall_clock_ms,
 )
 from .config import BrokerConfig
 from .heartbeat import Heartbeat
@@ -34,11 +34,6 @@ from .topics import TopicRegistry
 
 log = logging.getLogger(__name__)
 
-MSG_ID_RE = wire.MSG_ID_RE
-MAX_KEY_CHARS = wire.MAX_KEY_CHARS
-MAX_TAGS_CHARS = wire.MAX_TAGS_CHARS
-MAX_PROPERTIES = wire.MAX_PROPERTIES
-MAX_QUEUES = wire.MAX_QUEUES
 KNOWN_FLAGS = wire.FLAG_COMPRESSED
 
 _TOPIC = attrgetter("topic")
@@ -52,10 +47,6 @@ _FLAG = attrgetter("flag")
 _DELAY_MS = attrgetter("delay_ms")
 _DELIVER_AT_MS = attrgetter("deliver_at_ms")
 _DUPLICATE = attrgetter("duplicate")
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class Broker:
@@ -166,7 +157,7 @@ class Broker:
                 ErrorCode.INVALID_TOPIC,
                 f"{where}.topic {m.topic[:140]!r} must match {wire.TOPIC_PATTERN}",
             )
-        if not MSG_ID_RE.match(m.msg_id):
+        if not wire.MSG_ID_RE.match(m.msg_id):
             raise ApiError(
                 400,
                 ErrorCode.INVALID_MESSAGE,
@@ -178,26 +169,26 @@ class Broker:
                 ErrorCode.MESSAGE_TOO_LARGE,
                 f"{where}.body is {len(m.body)} bytes, the limit is {self.config.max_message_size}",
             )
-        if m.queue_id < 0 or m.queue_id >= MAX_QUEUES:
+        if m.queue_id < 0 or m.queue_id >= wire.MAX_QUEUES:
             raise ApiError(400, ErrorCode.INVALID_MESSAGE, f"{where}.queue_id out of range")
-        if m.key is not None and len(m.key) > MAX_KEY_CHARS:
+        if m.key is not None and len(m.key) > wire.MAX_KEY_CHARS:
             raise ApiError(
                 400,
                 ErrorCode.INVALID_MESSAGE,
-                f"{where}.key longer than {MAX_KEY_CHARS} characters",
+                f"{where}.key longer than {wire.MAX_KEY_CHARS} characters",
             )
-        if m.tags is not None and len(m.tags) > MAX_TAGS_CHARS:
+        if m.tags is not None and len(m.tags) > wire.MAX_TAGS_CHARS:
             raise ApiError(
                 400,
                 ErrorCode.INVALID_MESSAGE,
-                f"{where}.tags longer than {MAX_TAGS_CHARS} characters",
+                f"{where}.tags longer than {wire.MAX_TAGS_CHARS} characters",
             )
         if m.properties is not None:
-            if len(m.properties) > MAX_PROPERTIES:
+            if len(m.properties) > wire.MAX_PROPERTIES:
                 raise ApiError(
                     400,
                     ErrorCode.INVALID_MESSAGE,
-                    f"{where}.properties has more than {MAX_PROPERTIES} entries",
+                    f"{where}.properties has more than {wire.MAX_PROPERTIES} entries",
                 )
             for k, v in m.properties.items():
                 if len(k) > wire.MAX_PROPERTY_KEY_CHARS or len(v) > wire.MAX_PROPERTY_VALUE_CHARS:
@@ -258,9 +249,9 @@ class Broker:
             return None
         if max(map(len, map(_BODY, msgs))) > self.config.max_message_size:
             return None
-        if min(map(_QUEUE_ID, msgs)) < 0 or max_queue >= MAX_QUEUES:
+        if min(map(_QUEUE_ID, msgs)) < 0 or max_queue >= wire.MAX_QUEUES:
             return None
-        for attr, limit in ((_KEY, MAX_KEY_CHARS), (_TAGS, MAX_TAGS_CHARS)):
+        for attr, limit in ((_KEY, wire.MAX_KEY_CHARS), (_TAGS, wire.MAX_TAGS_CHARS)):
             if any(map(attr, msgs)):  # all None or "": nothing to check
                 values = set(map(attr, msgs))
                 values.discard(None)
@@ -305,7 +296,7 @@ class Broker:
                 ErrorCode.BATCH_TOO_LARGE,
                 f"{count} messages in one request, the limit is {self.config.max_batch_messages}",
             )
-        now = _now_ms()
+        now = wall_clock_ms()
         topic_names = dict.fromkeys(map(_TOPIC, msgs))  # first-appearance order
         max_queue = max(map(_QUEUE_ID, msgs))
         deliver = self.check_batch(msgs, now, topic_names, max_queue)
@@ -399,7 +390,7 @@ class Broker:
         body = await read_body(request, wire.CancelRequest)
         if not wire.valid_topic(body.topic):
             raise ApiError(400, ErrorCode.INVALID_TOPIC, f"invalid topic name {body.topic!r}")
-        if not MSG_ID_RE.match(body.msg_id):
+        if not wire.MSG_ID_RE.match(body.msg_id):
             raise ApiError(400, ErrorCode.INVALID_MESSAGE, "msg_id must be 1-128 printable ASCII")
         if not 0 <= body.deliver_at_ms < 2**63:  # issue 6 (fuzz): was a 500 from the store
             raise ApiError(400, ErrorCode.INVALID_DELAY, "deliver_at_ms must be 0..2**63-1")
@@ -510,8 +501,8 @@ class Broker:
                 ErrorCode.INVALID_TOPIC,
                 f"invalid topic name {body.topic!r}: must match {wire.TOPIC_PATTERN}",
             )
-        if not 1 <= body.queues <= MAX_QUEUES:
-            raise ApiError(400, ErrorCode.INVALID_REQUEST, f"queues must be 1..{MAX_QUEUES}")
+        if not 1 <= body.queues <= wire.MAX_QUEUES:
+            raise ApiError(400, ErrorCode.INVALID_REQUEST, f"queues must be 1..{wire.MAX_QUEUES}")
         if body.perm & ~wire.PERM_READ_WRITE or not body.perm:
             raise ApiError(400, ErrorCode.INVALID_REQUEST, "perm must be 2, 4 or 6")
         await self.authorize(request, {body.topic})

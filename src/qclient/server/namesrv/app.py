@@ -20,9 +20,7 @@ from .route_table import RouteTable
 log = logging.getLogger(__name__)
 
 # issue 6: what a registration may carry (what readers of the routes will trust)
-_NAME_RE = re.compile(r"^[\x21-\x7e]{1,128}\Z")
 _ADDR_RE = re.compile(r"^[\x21-\x7e]{1,255}\Z")
-MAX_QUEUES = 256
 MAX_TOPICS_PER_BROKER = 100_000
 
 
@@ -32,25 +30,28 @@ def _check_registration(reg: wire.BrokerRegistration) -> None:
     def bad(message: str) -> ApiError:
         return ApiError(400, ErrorCode.INVALID_REQUEST, message)
 
-    if not _NAME_RE.match(reg.broker_name) or not _NAME_RE.match(reg.cluster):
+    name_ok = wire.PRINTABLE_128_RE.match
+    if not name_ok(reg.broker_name) or not name_ok(reg.cluster):
         raise bad("broker_name and cluster must be 1-128 printable ASCII characters")
     if not _ADDR_RE.match(reg.addr):
         raise bad("addr must be 1-255 printable ASCII characters (HOST:PORT or a URL)")
     if reg.perm & ~wire.PERM_READ_WRITE:
         raise bad("perm must be 0, 2, 4 or 6")
-    if not 1 <= reg.default_queue_nums <= MAX_QUEUES:
-        raise bad(f"default_queue_nums must be 1..{MAX_QUEUES}")
+    if not 1 <= reg.default_queue_nums <= wire.MAX_QUEUES:
+        raise bad(f"default_queue_nums must be 1..{wire.MAX_QUEUES}")
     if len(reg.topics) > MAX_TOPICS_PER_BROKER:
         raise bad(f"more than {MAX_TOPICS_PER_BROKER} topics in one registration")
     for topic, cfg in reg.topics.items():
         if not wire.valid_topic(topic):
             raise ApiError(400, ErrorCode.INVALID_TOPIC, f"invalid topic name {topic[:140]!r}")
         if (
-            not 0 <= cfg.read_queue_nums <= MAX_QUEUES
-            or not 0 <= cfg.write_queue_nums <= MAX_QUEUES
+            not 0 <= cfg.read_queue_nums <= wire.MAX_QUEUES
+            or not 0 <= cfg.write_queue_nums <= wire.MAX_QUEUES
             or cfg.perm & ~wire.PERM_READ_WRITE
         ):
-            raise bad(f"topic {topic!r}: queue numbers must be 0..{MAX_QUEUES}, perm 0, 2, 4 or 6")
+            raise bad(
+                f"topic {topic!r}: queue numbers must be 0..{wire.MAX_QUEUES}, perm 0, 2, 4 or 6"
+            )
 
 
 @dataclass
