@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from qclient._config import ProducerConfig
 from qclient.errors import QClientError
 
 __all__ = ["PRODUCER_OPTIONS", "OptionError", "SinkOptions", "parse_options"]
@@ -58,39 +59,6 @@ def _str(name: str, raw: Any) -> str:
         raise OptionError(f"option {name!r} must not be empty")
     return text
 
-
-#: Producer keyword -> converter; mirrors ``qclient.Producer``'s signature in CONTRACT.md.
-#: Keywords the Producer grows later are accepted too (see ``_producer_params``).
-PRODUCER_OPTIONS: dict[str, Callable[[str, Any], Any]] = {
-    "namesrv": _str,
-    "send_timeout": _float,
-    "retry_times": _int,
-    "send_latency_fault_enable": _bool,
-    "start_detector_enable": _bool,
-    "detect_interval": _float,
-    "detect_timeout": _float,
-    "route_refresh_interval": _float,
-    "max_message_size": _int,
-    "linger_ms": _float,
-    "batch_max_messages": _int,
-    "batch_max_bytes": _int,
-    "max_buffered_messages": _int,
-    "access_key": _str,
-    "secret_key": _str,
-}
-
-#: Options of the sink itself, with their defaults.
-SINK_DEFAULTS: dict[str, Any] = {
-    "topic": None,  # required unless every row has a `topic` value
-    "rows_per_send": 2000,  # rows handed to one Producer.send_batch call
-    "max_in_flight": 2,  # send_batch calls of one partition running at once
-    "write_retries": 2,  # re-sends of rows a send_batch could not place
-    "retry_backoff": 0.2,  # seconds before the first re-send, doubled each round
-    "on_error": "fail",  # "fail" the task, or "skip" (count, log, go on)
-    "job_id": None,  # batch writes: fixes the id prefix, making re-runs idempotent
-    "producer_factory": None,  # "module:callable" returning a Producer-like object
-    "log_level": None,  # e.g. INFO: log level of spark_udfs in the worker processes
-}
 
 #: Producer options whose default differs in the sink. Larger requests cost less CPU per
 #: row on both sides (spark_bench: Spark 44 -> 29 us, brokers 19 -> 12 us per row).
@@ -147,11 +115,7 @@ def _converter_for_default(default: Any) -> Callable[[str, Any], Any]:
 
 
 def _producer_params() -> dict[str, Callable[[str, Any], Any]]:
-    """Converters for every option of the installed SDK's ``ProducerConfig``."""
-    try:
-        from qclient._config import ProducerConfig
-    except ImportError:  # an SDK without ProducerConfig: the contract's options only
-        return {}
+    """Converters for every option of the SDK's ``ProducerConfig`` but ``namesrv``."""
     out: dict[str, Callable[[str, Any], Any]] = {}
     for f in dataclasses.fields(ProducerConfig):
         if f.name == "namesrv":
@@ -163,12 +127,13 @@ def _producer_params() -> dict[str, Callable[[str, Any], Any]]:
     return out
 
 
+#: Producer keyword -> converter: every option of ``qclient.Producer`` (CONTRACT.md), from
+#: ``ProducerConfig``'s fields and their defaults' types.
+PRODUCER_OPTIONS: dict[str, Callable[[str, Any], Any]] = {"namesrv": _str, **_producer_params()}
+
+
 def _validate_producer(kwargs: dict[str, Any]) -> None:
     """Fail on the driver, before any task runs, for a value the producer would refuse."""
-    try:
-        from qclient._config import ProducerConfig
-    except ImportError:
-        return
     args = dict(kwargs)
     namesrv = args.pop("namesrv")
     try:
@@ -181,16 +146,16 @@ def _validate_producer(kwargs: dict[str, Any]) -> None:
 class SinkOptions:
     """Everything a writer needs, picklable; ``producer_kwargs`` go to ``qclient.Producer``."""
 
-    topic: str | None
+    topic: str | None  # required unless every row has a `topic` value
     producer_kwargs: dict[str, Any] = field(default_factory=dict)
-    rows_per_send: int = 2000
-    max_in_flight: int = 2
-    write_retries: int = 2
-    retry_backoff: float = 0.2
-    on_error: str = "fail"
-    job_id: str | None = None
-    producer_factory: str | None = None
-    log_level: str | None = None
+    rows_per_send: int = 2000  # rows handed to one Producer.send_batch call
+    max_in_flight: int = 2  # send_batch calls of one partition running at once
+    write_retries: int = 2  # re-sends of rows a send_batch could not place
+    retry_backoff: float = 0.2  # seconds before the first re-send, doubled each round
+    on_error: str = "fail"  # "fail" the task, or "skip" (count, log, go on)
+    job_id: str | None = None  # batch writes: fixes the id prefix, making re-runs idempotent
+    producer_factory: str | None = None  # "module:callable" returning a Producer-like object
+    log_level: str | None = None  # e.g. INFO: log level of spark_udfs in the worker processes
 
     @property
     def namesrv(self) -> str:
@@ -213,11 +178,18 @@ class SinkOptions:
     __str__ = __repr__
 
 
+#: Options of the sink itself (``SinkOptions``' fields but ``producer_kwargs``), with their
+#: defaults (``topic``: None).
+SINK_DEFAULTS: dict[str, Any] = {
+    f.name: None if f.default is dataclasses.MISSING else f.default
+    for f in dataclasses.fields(SinkOptions)
+    if f.name != "producer_kwargs"
+}
+
+
 def parse_options(options: Mapping[str, Any], *, require_topic: bool = False) -> SinkOptions:
     """Turn data source options (any case) into ``SinkOptions``; unknown names are an error."""
-    producer_convs = dict(PRODUCER_OPTIONS)
-    for name, conv in _producer_params().items():
-        producer_convs.setdefault(name, conv)
+    producer_convs = PRODUCER_OPTIONS
     by_norm: dict[str, tuple[str, Callable[[str, Any], Any], bool]] = {}
     for name, conv in producer_convs.items():
         by_norm[_norm(name)] = (name, conv, True)
@@ -265,15 +237,5 @@ def parse_options(options: Mapping[str, Any], *, require_topic: bool = False) ->
         raise OptionError("option 'max_in_flight' must be at least 1")
     if sink["write_retries"] < 0:
         raise OptionError("option 'write_retries' must be 0 or more")
-    return SinkOptions(
-        topic=sink["topic"],
-        producer_kwargs=producer_kwargs,
-        rows_per_send=sink["rows_per_send"],
-        max_in_flight=sink["max_in_flight"],
-        write_retries=sink["write_retries"],
-        retry_backoff=sink["retry_backoff"],
-        on_error=on_error,
-        job_id=sink["job_id"],
-        producer_factory=sink["producer_factory"],
-        log_level=sink["log_level"],
-    )
+    sink["on_error"] = on_error
+    return SinkOptions(producer_kwargs=producer_kwargs, **sink)
