@@ -42,11 +42,7 @@ class DedupeTable:
         if h not in self._map:
             self._ring.append(h)
         self._map[h] = position
-        marks = self._marks
-        if marks and now_ms - marks[-1][0] < _MARK_GRANULARITY_MS:
-            marks[-1][1] = len(self._ring)
-        else:
-            marks.append([now_ms, len(self._ring)])
+        self._mark(now_ms)
         if len(self._map) > self.max_ids:
             self._evict_to(self._head + len(self._map) - self.max_ids)
 

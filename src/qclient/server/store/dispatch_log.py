@@ -16,7 +16,7 @@ import struct
 from array import array
 from pathlib import Path
 
-from qclient.server.store._files import AppendFiles
+from qclient.server.store._files import AppendFiles, aligned_find
 
 
 class DispatchLog(AppendFiles):
@@ -36,13 +36,7 @@ class DispatchLog(AppendFiles):
     def contains(self, bucket: int, position: int) -> bool:
         """Whether ``position`` fired (an aligned C-speed search of the bucket's file)."""
         data = self.read(bucket)
-        needle = struct.pack("<Q", position)
-        i = data.find(needle)
-        while i >= 0:
-            if i % 8 == 0:
-                return True
-            i = data.find(needle, i + 1)
-        return False
+        return next(aligned_find(data, struct.pack("<Q", position), 8), None) is not None
 
     def mtime(self, bucket: int) -> float | None:
         try:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
-from qclient.server.store._files import AppendFiles
+from qclient.server.store._files import AppendFiles, aligned_find
 
 ENTRY = struct.Struct("<qQIi")
 _I64 = struct.Struct("<q")
@@ -43,13 +43,4 @@ class ScheduleLog(AppendFiles):
             needle, field = _U64.pack(position), 8
         else:
             raise ValueError("give deliver_at_ms or position")
-        out = []
-        i = data.find(needle)
-        while i >= 0:
-            start = i - field
-            if start % ENTRY.size == 0:
-                out.append(ENTRY.unpack_from(data, start))
-                i = data.find(needle, start + ENTRY.size + field)
-            else:
-                i = data.find(needle, i + 1)
-        return out
+        return [ENTRY.unpack_from(data, s) for s in aligned_find(data, needle, ENTRY.size, field)]
