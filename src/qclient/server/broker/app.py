@@ -278,7 +278,7 @@ class Broker:
             return ats
         return None
 
-    async def authorize(self, request: web.Request, topics: set[str]) -> None:
+    def authorize(self, request: web.Request, topics: set[str]) -> None:
         if self.authorizer is not None:
             self.authorizer.check_topics(request, topics)
 
@@ -302,7 +302,7 @@ class Broker:
         deliver = self.check_batch(msgs, now, topic_names, max_queue)
         if deliver is None:
             deliver = [self.check_message(i, m, now) for i, m in enumerate(msgs)]
-        await self.authorize(request, set(topic_names))
+        self.authorize(request, set(topic_names))
         if self.config.read_only:
             raise ApiError(403, ErrorCode.NOT_WRITABLE, f"broker {self.config.name} is read-only")
         configs = {t: self.ensure_topic(t) for t in topic_names}
@@ -394,7 +394,7 @@ class Broker:
             raise ApiError(400, ErrorCode.INVALID_MESSAGE, "msg_id must be 1-128 printable ASCII")
         if not 0 <= body.deliver_at_ms < 2**63:  # issue 6 (fuzz): was a 500 from the store
             raise ApiError(400, ErrorCode.INVALID_DELAY, "deliver_at_ms must be 0..2**63-1")
-        await self.authorize(request, {body.topic})
+        self.authorize(request, {body.topic})
         try:
             outcome = await asyncio.wrap_future(
                 self.store.cancel(body.topic, body.msg_id, body.deliver_at_ms)
@@ -426,7 +426,7 @@ class Broker:
             raise ApiError(
                 400, ErrorCode.INVALID_REQUEST, f"wait_ms must be 0..{self.config.max_pull_wait_ms}"
             )
-        await self.authorize(request, {body.topic})
+        self.authorize(request, {body.topic})
         cfg = self.topics.get(body.topic)
         if cfg is None:
             raise ApiError(
@@ -505,7 +505,7 @@ class Broker:
             raise ApiError(400, ErrorCode.INVALID_REQUEST, f"queues must be 1..{wire.MAX_QUEUES}")
         if body.perm & ~wire.PERM_READ_WRITE or not body.perm:
             raise ApiError(400, ErrorCode.INVALID_REQUEST, "perm must be 2, 4 or 6")
-        await self.authorize(request, {body.topic})
+        self.authorize(request, {body.topic})
         cfg, changed = self.topics.put(body.topic, body.queues, body.perm)
         if changed and self.heartbeat is not None:
             await self.heartbeat.register_all()

@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import logging
 import ssl
-import time
 from collections.abc import Callable
 
 import aiohttp
@@ -35,7 +34,7 @@ class Heartbeat:
         self._session: aiohttp.ClientSession | None = None
         self._task: asyncio.Task[None] | None = None
         self._kick = asyncio.Event()
-        self._failing: dict[str, float] = {}
+        self._failing: set[str] = set()  # name servers unreachable at the last try
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(ssl=self._ssl) if self._ssl is not None else None
@@ -72,13 +71,14 @@ class Heartbeat:
                 if resp.status != 200:
                     text = (await resp.text())[:200]
                     raise RuntimeError(f"HTTP {resp.status}: {text}")
-            if self._failing.pop(addr, None) is not None:
+            if addr in self._failing:
+                self._failing.discard(addr)
                 log.info("name server %s reachable again", addr)
         except (aiohttp.ClientError, TimeoutError, RuntimeError, OSError) as exc:
             # Log once per outage, not once per heartbeat.
             if addr not in self._failing:
                 log.warning("cannot register with name server %s: %s", addr, exc)
-            self._failing[addr] = time.monotonic()
+            self._failing.add(addr)
 
     async def stop(self, unregister: wire.BrokerUnregistration | None = None) -> None:
         if self._task is not None:

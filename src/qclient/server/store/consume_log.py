@@ -240,9 +240,6 @@ class ConsumeLogs:
                 self._queues[key] = q
         return q
 
-    def queues(self) -> list[ConsumeQueue]:
-        return list(self._queues.values())
-
     def close(self) -> None:
         with self._lock:
             for q in self._queues.values():

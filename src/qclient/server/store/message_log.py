@@ -52,22 +52,21 @@ class MessageLog:
         self._bases = bases
         if bases:
             last = bases[-1]
-            self.end = last + os.path.getsize(self._path(last))
+            self.end = last + os.path.getsize(self.segment_path(last))
         else:
             self._bases = [0]
             self.end = 0
             self._wfd = self._create(0)
             return
-        self._wfd = os.open(self._path(self._bases[-1]), os.O_WRONLY | os.O_APPEND)
-
-    def _path(self, base: int) -> Path:
-        return self.dir / f"{base:020d}{SUFFIX}"
+        self._wfd = os.open(self.segment_path(self._bases[-1]), os.O_WRONLY | os.O_APPEND)
 
     def segment_path(self, base: int) -> Path:
-        return self._path(base)
+        return self.dir / f"{base:020d}{SUFFIX}"
 
     def _create(self, base: int) -> int:
-        fd = os.open(self._path(base), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_EXCL, 0o644)
+        fd = os.open(
+            self.segment_path(base), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_EXCL, 0o644
+        )
         if self.fsync:
             fsync_dir(self.dir)
         return fd
@@ -76,7 +75,7 @@ class MessageLog:
         """(base, size, mtime seconds) of every segment, oldest first."""
         out = []
         for b in self._bases:
-            st = os.stat(self._path(b))
+            st = os.stat(self.segment_path(b))
             out.append((b, st.st_size, st.st_mtime))
         return out
 
@@ -86,7 +85,7 @@ class MessageLog:
         i = max(0, bisect.bisect_right(self._bases, start) - 1)
         for base in self._bases[i:]:
             pos = max(start, base)
-            with open(self._path(base), "rb") as f:
+            with open(self.segment_path(base), "rb") as f:
                 f.seek(pos - base)
                 buf = b""
                 off = 0
@@ -117,12 +116,12 @@ class MessageLog:
         i = max(0, bisect.bisect_right(self._bases, position) - 1)
         for b in self._bases[i + 1 :]:
             self._close_reader(b)
-            self._path(b).unlink()
+            self.segment_path(b).unlink()
         self._bases = self._bases[: i + 1]
         base = self._bases[-1]
-        os.truncate(self._path(base), position - base)
+        os.truncate(self.segment_path(base), position - base)
         self._close_reader(base)
-        self._wfd = os.open(self._path(base), os.O_WRONLY | os.O_APPEND)
+        self._wfd = os.open(self.segment_path(base), os.O_WRONLY | os.O_APPEND)
         self.end = position
         if self.fsync:
             os.fsync(self._wfd)
@@ -170,7 +169,7 @@ class MessageLog:
             with self._rlock:
                 fd = self._read_fds.get(base)
                 if fd is None:
-                    fd = os.open(self._path(base), os.O_RDONLY)
+                    fd = os.open(self.segment_path(base), os.O_RDONLY)
                     self._read_fds[base] = fd
         return fd
 
@@ -217,7 +216,7 @@ class MessageLog:
         for fd in old:
             os.close(fd)
         for b in doomed:
-            self._path(b).unlink(missing_ok=True)
+            self.segment_path(b).unlink(missing_ok=True)
         if doomed and self.fsync:
             fsync_dir(self.dir)
         return len(doomed)

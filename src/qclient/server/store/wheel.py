@@ -56,9 +56,6 @@ class Wheel:
         self.firing: set[int] = set()
         self.dispatch_gen = 0  # bumped whenever positions leave ``firing``
 
-    def bucket(self, deliver_at_ms: int) -> int:
-        return deliver_at_ms // self.bucket_ms
-
     def is_loaded(self, b: int) -> bool:
         return b <= self.loaded_upto or b == self.loading or b in self.loaded_extra
 
