@@ -29,7 +29,6 @@ class LatencyProxy:
         self.port = 0
         self.delay_s = 0.0  # read by the loop thread on each chunk; a float swap is atomic
         self.upstream: tuple[str, int] | None = None
-        self.connections = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._server: asyncio.base_events.Server | None = None
@@ -115,7 +114,6 @@ class LatencyProxy:
         task = asyncio.current_task()
         assert task is not None
         self._tasks.add(task)
-        self.connections += 1
         s_writer: asyncio.StreamWriter | None = None
         try:
             if self.upstream is None:

@@ -16,7 +16,7 @@ import psutil
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ServerProcess", "StartTimeout", "free_port", "port_open", "wait_for"]
+__all__ = ["ServerProcess", "StartTimeout", "free_port", "port_open"]
 
 
 class StartTimeout(RuntimeError):
@@ -37,20 +37,6 @@ def port_open(port: int, host: str = "127.0.0.1", timeout: float = 0.2) -> bool:
             return True
     except OSError:
         return False
-
-
-def wait_for(cond: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:
-    """Poll ``cond`` until it is true or ``timeout`` seconds pass; returns the last value."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            if cond():
-                return True
-        except Exception:  # a probe that raises just means "not yet"
-            pass
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(interval)
 
 
 def _kill_tree(pid: int, sig: int) -> list[psutil.Process]:
