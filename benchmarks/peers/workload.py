@@ -10,7 +10,6 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,22 +49,31 @@ def percentile(sorted_values: list[float], q: float) -> float:
 
 
 class _Arrivals:
-    """Thread-safe record of (msg_id, arrival time)."""
+    """Thread-safe record of (msg_id, arrival time) for the ids of ``due``.
 
-    def __init__(self) -> None:
+    ``due`` is filled by the sender (each id just before its send) while messages arrive.
+    """
+
+    def __init__(self, due: dict[str, float]) -> None:
         self.lock = threading.Lock()
+        self.due = due
         self.first: dict[str, float] = {}
         self.total = 0
+        self._arrived = 0  # ids of ``due`` in ``first``, counted as they first arrive
 
     def __call__(self, msg_id: str) -> None:
         now = time.time()
         with self.lock:
             self.total += 1
-            self.first.setdefault(msg_id, now)
+            if msg_id not in self.first:
+                self.first[msg_id] = now
+                if msg_id in self.due:
+                    self._arrived += 1
 
-    def count(self, ids: dict[str, float]) -> int:
+    def count(self) -> int:
+        """How many distinct ids of ``due`` have arrived."""
         with self.lock:
-            return sum(1 for m in self.first if m in ids)
+            return self._arrived
 
 
 def _enqueue(
@@ -73,7 +81,6 @@ def _enqueue(
     items: list[tuple[str, float]],
     batch: int | None,
     due: dict[str, float],
-    progress: Callable[[int], None] | None,
 ) -> float:
     """Send every item, recording its due time just before its send; returns seconds taken."""
     t0 = time.perf_counter()
@@ -87,14 +94,12 @@ def _enqueue(
             prod.send_many(chunk)
         else:
             prod.send(chunk[0][0], chunk[0][1])
-        if progress is not None:
-            progress(len(chunk))
     return time.perf_counter() - t0
 
 
-def _wait_all(arr: _Arrivals, due: dict[str, float], until_epoch: float) -> None:
-    """Wait (bounded) until every id in ``due`` arrived or the epoch deadline passes."""
-    while time.time() < until_epoch and arr.count(due) < len(due):
+def _wait_all(arr: _Arrivals, until_epoch: float) -> None:
+    """Wait (bounded) until every id of ``arr.due`` arrived or the epoch deadline passes."""
+    while time.time() < until_epoch and arr.count() < len(arr.due):
         time.sleep(0.02)
 
 
@@ -118,17 +123,16 @@ def _timing_phase(
     w: Workload,
     rng: random.Random,
     batch: int | None,
-    progress: Callable[[int], None] | None,
 ) -> dict[str, Any]:
     chan = f"bench-t-{uuid.uuid4().hex[:8]}"
     items = _items(w, rng, chan)
-    arr = _Arrivals()
     due: dict[str, float] = {}
+    arr = _Arrivals(due)
     cons = peer.consumer(chan, arr)
     prod = peer.producer(chan)
     try:
-        enqueue_s = _enqueue(prod, items, batch, due, progress)
-        _wait_all(arr, due, max(due.values()) + w.grace_s)
+        enqueue_s = _enqueue(prod, items, batch, due)
+        _wait_all(arr, max(due.values()) + w.grace_s)
     finally:
         prod.close()
         cons.close()
@@ -161,31 +165,30 @@ def _kill_phase(
     w: Workload,
     rng: random.Random,
     batch: int | None,
-    progress: Callable[[int], None] | None,
     offset_s: float,
 ) -> dict[str, Any]:
     chan = f"bench-k-{uuid.uuid4().hex[:8]}"
     # Slow senders would see their first messages fire before the kill; shift the delays by
     # the time the timing phase took to send, so nearly all are still pending at the kill.
     items = _items(w, rng, chan, offset_s)
-    arr = _Arrivals()
     due: dict[str, float] = {}
+    arr = _Arrivals(due)
     cons = peer.consumer(chan, arr)
     prod = peer.producer(chan)
     try:
-        enqueue_s = _enqueue(prod, items, batch, due, progress)
+        enqueue_s = _enqueue(prod, items, batch, due)
         peer.kill9()  # right after the last acknowledgement
     finally:
         prod.close()
         cons.close()
-    before = arr.count(due)
+    before = arr.count()
     t0 = time.perf_counter()
     peer.restart()
     restart_s = time.perf_counter() - t0
     cons = peer.consumer(chan, arr)
     try:
         # Overdue messages should fire at once after the restart; give the rest their time.
-        _wait_all(arr, due, max(max(due.values()), time.time()) + w.grace_s)
+        _wait_all(arr, max(max(due.values()), time.time()) + w.grace_s)
     finally:
         cons.close()
     with arr.lock:
@@ -209,7 +212,6 @@ def run_peer(
     *,
     label: str | None = None,
     batch: bool = False,
-    progress: Callable[[int], None] | None = None,
     keep_dir: Path | None = None,
 ) -> dict[str, Any]:
     """Run the workload against one peer; never raises (errors become a status)."""
@@ -228,10 +230,10 @@ def run_peer(
         except StartTimeout as exc:
             return {**out, "status": "skipped", "reason": f"did not start: {exc}"}
         out["start_s"] = round(time.perf_counter() - t0, 2)
-        out.update(_timing_phase(peer, w, rng, w.batch if batch else None, progress))
+        out.update(_timing_phase(peer, w, rng, w.batch if batch else None))
         if w.kill_test:
             offset = round(min(1.2 * out["enqueue_s"], 120.0), 2)
-            out["kill9"] = _kill_phase(peer, w, rng, w.batch if batch else None, progress, offset)
+            out["kill9"] = _kill_phase(peer, w, rng, w.batch if batch else None, offset)
         note = peer.note()
         if note:
             out["note"] = note
