@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import signal
@@ -34,14 +35,7 @@ def run(
 ) -> dict[str, Any]:
     """Run the selected peers; returns the scenario's JSON object."""
     base = SMOKE if smoke else Workload()
-    w = Workload(
-        n=n or base.n,
-        min_delay_s=base.min_delay_s,
-        max_delay_s=base.max_delay_s,
-        grace_s=base.grace_s,
-        batch=base.batch,
-        kill_test=kill_test,
-    )
+    w = dataclasses.replace(base, n=n or base.n, kill_test=kill_test)
     specs = peer_specs(only)
     rows: list[dict[str, Any]] = []
     for spec in specs:
