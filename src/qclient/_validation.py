@@ -251,8 +251,8 @@ class WireBuilder:
                     topic, 0, msg_id, body, key, tags, None, delay_ms, deliver_at_ms, 0
                 )
         wire = message_to_wire(self.cfg, message)
-        if len(_good_topics) < _MAX_GOOD_TOPICS and type(message.topic) is str:
-            _good_topics.add(message.topic)  # it passed to_wire's check
+        if type(message.topic) is str:
+            _remember(message.topic)  # it passed to_wire's check
         return wire
 
     def messages(self, messages: Sequence[Message]) -> list[WireMessage]:
@@ -388,8 +388,7 @@ class WireBuilder:
             None,
             batch.msg_id(i),
         )
-        if len(_good_topics) < _MAX_GOOD_TOPICS:
-            _good_topics.add(topic)  # it passed to_wire's check
+        _remember(topic)  # it passed to_wire's check
         wire.delay_ms, wire.deliver_at_ms = delay, deliver_at
         return wire
 
@@ -400,9 +399,14 @@ def _known_topic(topic: str) -> bool:
         return True
     if _match_topic(topic) is None:
         return False
+    _remember(topic)
+    return True
+
+
+def _remember(topic: str) -> None:
+    """Add a topic that passed the check to ``_good_topics`` (while it has room)."""
     if len(_good_topics) < _MAX_GOOD_TOPICS:
         _good_topics.add(topic)
-    return True
 
 
 class _RowByRow(Exception):

@@ -19,9 +19,10 @@ import httpx
 import msgspec
 
 from ._models import ReceivedMessage
-from .errors import AuthError, ProducerClosedError, QClientError
+from .errors import AuthError, InvalidMessageError, ProducerClosedError, QClientError
 from .protocol import wire
 from .routing.nameserver import NameServerClient
+from .routing.publish_info import master_addrs
 from .transport.errors import classify_exception, error_for_code, parse_error_response
 from .transport.http import Credentials, SyncHttp
 
@@ -47,12 +48,8 @@ class Consumer:
         verify: bool | str = True,
     ) -> None:
         if not wire.valid_topic(topic):
-            from .errors import InvalidMessageError
-
             raise InvalidMessageError(f"invalid topic name {topic!r}")
         if not wire.GROUP_RE.match(group):
-            from .errors import InvalidMessageError
-
             raise InvalidMessageError(f"invalid group name {group!r}")
         self.topic = topic
         self.group = group
@@ -129,11 +126,7 @@ class Consumer:
             if self._brokers:  # keep polling the brokers we know
                 return
             raise
-        self._brokers = {
-            b.broker_name: b.addrs[wire.MASTER_ID]
-            for b in route.broker_datas
-            if wire.MASTER_ID in b.addrs
-        }
+        self._brokers = master_addrs(route)
         self._route_at = time.monotonic()
 
     def _pull(

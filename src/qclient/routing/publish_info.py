@@ -7,7 +7,14 @@ from typing import Any, NamedTuple
 
 from ..protocol.wire import MASTER_ID, PERM_WRITE, TopicRoute
 
-__all__ = ["MessageQueue", "TopicPublishInfo"]
+__all__ = ["MessageQueue", "TopicPublishInfo", "master_addrs"]
+
+
+def master_addrs(route: TopicRoute) -> dict[str, str]:
+    """Broker name -> master address, for each broker of ``route`` that has a master."""
+    return {
+        bd.broker_name: bd.addrs[MASTER_ID] for bd in route.broker_datas if MASTER_ID in bd.addrs
+    }
 
 
 class MessageQueue(NamedTuple):
@@ -39,11 +46,7 @@ class TopicPublishInfo:
     @classmethod
     def from_route(cls, topic: str, route: TopicRoute, index: Any = None) -> TopicPublishInfo:
         """RocketMQ's ``topicRouteData2TopicPublishInfo`` for a normal topic."""
-        masters = {
-            bd.broker_name: bd.addrs[MASTER_ID]
-            for bd in route.broker_datas
-            if MASTER_ID in bd.addrs
-        }
+        masters = master_addrs(route)
         queues: list[MessageQueue] = []
         by_broker: dict[str, tuple[MessageQueue, ...]] = {}
         for qd in sorted(route.queue_datas, key=lambda q: q.broker_name):
