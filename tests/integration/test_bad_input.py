@@ -137,6 +137,10 @@ CASES = [
         400,
     ),
     ("POST", "/v1/pull", "application/json", b'{"topic": "..", "group": "g"}', 400),
+    # strings that are not UTF-8 (found by the fuzz test: a 500 before)
+    ("POST", "/v1/pull", "application/json", b'{"topic": "\xff", "group": "g"}', 400),
+    ("POST", "/v1/pull", "application/msgpack", b"\xde\x00\x01\xa1\x80\xc0", 400),
+    ("POST", "/v1/send", "application/msgpack", b"\x81\xa8messages\x91\x81\xa5topic\xa1\xff", 400),
     ("POST", "/v1/pull", "application/json", b'{"topic": "bad", "group": "../g"}', 400),
     (
         "POST",

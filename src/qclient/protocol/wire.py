@@ -307,7 +307,12 @@ def decode(data: bytes, typ: type[T], content_type: str = JSON) -> T:
     if dec is None:
         dec = msgspec.msgpack.Decoder(typ) if key[1] == MSGPACK else msgspec.json.Decoder(typ)
         _decoders[key] = dec
-    result: T = dec.decode(data)
+    try:
+        result: T = dec.decode(data)
+    except UnicodeDecodeError as exc:
+        # msgspec lets a string that is not UTF-8 through as this, not as a DecodeError:
+        # callers catch DecodeError for every malformed body (a 500 on the servers before)
+        raise msgspec.DecodeError(f"a string is not valid UTF-8: {exc.reason}") from None
     return result
 
 
