@@ -14,8 +14,10 @@ Usage (PySpark 4.1+)::
 Columns: ``value`` (string or binary, required); optional ``key``, ``topic`` (per-row
 topic, overrides the option), ``deliver_at`` (timestamp), ``delay_ms`` (integer),
 ``tags``, ``properties`` (map<string,string>), ``msg_id``. Neither ``deliver_at`` nor
-``delay_ms`` set on a row: immediate delivery; both set: an error. Any other column, or
-one of the wrong type, fails the write before a task runs.
+``delay_ms`` set on a row: immediate delivery; both set: an error. Other columns are
+ignored (one warning names them), as Spark's Kafka sink does, except one whose name looks
+like a misspelt sink column (``delay``, ``msgId``, ``Value``): that, or a sink column of
+the wrong type, fails the write before any row is sent.
 
 Options (case, ``_`` and ``.`` do not matter: ``sendTimeout`` = ``send_timeout``):
 

@@ -154,6 +154,7 @@ class QClientDataSource(DataSource):
 
     def _prepare(self, schema: StructType) -> SinkOptions:
         options = parse_options(self.options)
+        _worker_logging(options.log_level)  # the ignored-columns warning
         check_schema(schema, has_topic_option=options.topic is not None)
         return options
 

@@ -78,7 +78,9 @@ def make_foreach_batch_writer(
     fallback_id = new_job_id()
 
     def write_batch(df: DataFrame, batch_id: int) -> None:
-        check_schema(df.schema, has_topic_option=opts.topic is not None)
+        ignored = check_schema(df.schema, has_topic_option=opts.topic is not None)
+        if ignored:  # not shipped to the Python workers
+            df = df.drop(*ignored)
         # The streaming query's id survives restarts from the checkpoint; it is set as a
         # local property while foreachBatch runs (checked with Spark 4.3).
         query_id = df.sparkSession.sparkContext.getLocalProperty("sql.streaming.queryId")

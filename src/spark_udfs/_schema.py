@@ -3,6 +3,8 @@ only, so the foreachBatch helper works on Spark 3.x, which has no Python data so
 
 from __future__ import annotations
 
+import logging
+
 from pyspark.sql.types import (
     BinaryType,
     DataType,
@@ -13,9 +15,11 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from ._sink import COLUMNS, SinkSchemaError
+from ._sink import COLUMNS, SinkSchemaError, resembled_column
 
 __all__ = ["check_schema"]
+
+log = logging.getLogger(__name__)
 
 _EXPECTED = {
     "value": "string or binary",
@@ -45,22 +49,42 @@ def _type_ok(name: str, dt: DataType) -> bool:
     return isinstance(dt, StringType)
 
 
-def check_schema(schema: StructType, *, has_topic_option: bool) -> None:
-    """Raise ``SinkSchemaError`` for a missing ``value``, an unknown or a wrong-typed column."""
+def check_schema(schema: StructType, *, has_topic_option: bool) -> list[str]:
+    """Check the DataFrame's columns; return the ones the sink ignores.
+
+    Raises ``SinkSchemaError`` for a missing ``value``, a wrong-typed sink column, or a
+    column whose name looks like a misspelt sink column (a silently ignored ``delay``
+    would deliver every row at once). Other columns are ignored, as Spark's Kafka sink
+    ignores the columns it does not use, and one warning names them.
+    """
     names = [f.name for f in schema.fields]
-    if "value" not in names:
-        raise SinkSchemaError(
-            f"the DataFrame needs a 'value' column (string or binary); it has {names}"
-        )
+    ignored: list[str] = []
     for f in schema.fields:
         if f.name not in _EXPECTED:
-            raise SinkSchemaError(
-                f"unknown column {f.name!r} for the qclient sink; the columns are "
-                f"{', '.join(COLUMNS)} (select or rename before writing)"
-            )
+            resembled = resembled_column(f.name)
+            if resembled is not None:
+                raise SinkSchemaError(
+                    f"column {f.name!r} looks like the sink column {resembled!r}: rename it "
+                    f"to {resembled!r}, or drop it to write without it (the sink's columns "
+                    f"are {', '.join(COLUMNS)})"
+                )
+            ignored.append(f.name)
+            continue
         if not _type_ok(f.name, f.dataType):
             raise SinkSchemaError(
                 f"column {f.name!r} must be {_EXPECTED[f.name]}, got {f.dataType.simpleString()}"
             )
+    if "value" not in names:
+        raise SinkSchemaError(
+            f"the DataFrame needs a 'value' column (string or binary); it has {names}"
+        )
     if not has_topic_option and "topic" not in names:
         raise SinkSchemaError("set the 'topic' option or give the DataFrame a 'topic' column")
+    if ignored:
+        log.warning(
+            "qclient sink: ignoring column%s %s (not sink columns: %s)",
+            "s" if len(ignored) > 1 else "",
+            ", ".join(repr(n) for n in ignored),
+            ", ".join(COLUMNS),
+        )
+    return ignored

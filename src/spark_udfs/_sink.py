@@ -36,6 +36,7 @@ __all__ = [
     "PartitionSender",
     "SinkSchemaError",
     "SinkWriteError",
+    "resembled_column",
     "send_with_retries",
     "summarize",
 ]
@@ -46,9 +47,49 @@ log = logging.getLogger(__name__)
 #: ``_datasource.check_schema``): value is required, the others optional.
 COLUMNS = ("value", "key", "topic", "deliver_at", "delay_ms", "tags", "properties", "msg_id")
 
+#: Names that mean a sink column without resembling it in spelling.
+_ALIASES = {"messageid": "msg_id", "props": "properties", "headers": "properties"}
+
+#: Normalised name prefixes of the time columns: any ``delay*`` / ``deliver*`` column is
+#: taken for one, because ignoring it would deliver every row at once.
+_TIME_PREFIXES = (("delay", "delay_ms"), ("deliver", "deliver_at"))
+
+
+def _squash(name: str) -> str:
+    return "".join(ch for ch in name.lower() if ch.isalnum())
+
+
+def resembled_column(name: str) -> str | None:
+    """The sink column that ``name`` (not a sink column itself) looks like a misspelling
+    of, or None: same letters in another case or separator (``msgId``, ``Value``), a
+    ``delay*`` / ``deliver*`` name, a known alias, or a close spelling (``vaule``, ``tag``).
+    """
+    import difflib
+
+    if name in COLUMNS:
+        return None
+    squashed = _squash(name)
+    if not squashed:
+        return None
+    for column in COLUMNS:
+        if squashed == _squash(column):
+            return column
+    for prefix, column in _TIME_PREFIXES:
+        if squashed.startswith(prefix):
+            return column
+    if squashed in _ALIASES:
+        return _ALIASES[squashed]
+    # 0.8: one swapped, missing or extra letter in a 4-6 letter name ("vaule", "keys",
+    # "topics"), not a different word ("id", "age", "timestamp", "stage").
+    best = max(COLUMNS, key=lambda c: difflib.SequenceMatcher(None, squashed, _squash(c)).ratio())
+    if difflib.SequenceMatcher(None, squashed, _squash(best)).ratio() >= 0.8:
+        return best
+    return None
+
 
 class SinkSchemaError(QClientError, ValueError):
-    """The DataFrame has a column the sink does not know, or one of the wrong type."""
+    """The DataFrame lacks ``value``, has a column of the wrong type, or one whose name
+    looks like a misspelt sink column."""
 
 
 class SinkWriteError(QClientError):

@@ -26,6 +26,7 @@ from spark_udfs._sink import (
     PartitionSender,
     SinkSchemaError,
     SinkWriteError,
+    resembled_column,
     send_with_retries,
     summarize,
     summary_line,
@@ -197,6 +198,46 @@ def test_binary_values_and_row_positions_continue_across_batches() -> None:
 def test_bad_rows_are_clear_errors(cols: dict[str, Any], needle: str) -> None:
     with pytest.raises(SinkSchemaError, match=needle):
         _sender(ScriptedProducer()).messages(pa.RecordBatch.from_pydict(cols))
+
+
+# --- column conventions ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "resembles"),
+    [
+        ("delay", "delay_ms"),
+        ("delayMs", "delay_ms"),
+        ("DELAY_MS", "delay_ms"),
+        ("delay_seconds", "delay_ms"),
+        ("deliverAt", "deliver_at"),
+        ("deliver_time", "deliver_at"),
+        ("msgId", "msg_id"),
+        ("message_id", "msg_id"),
+        ("Value", "value"),
+        ("vaule", "value"),
+        ("values", "value"),
+        ("keys", "key"),
+        ("tag", "tags"),
+        ("Topic", "topic"),
+        ("headers", "properties"),
+    ],
+)
+def test_misspelt_sink_columns_are_recognised(name: str, resembles: str) -> None:
+    assert resembled_column(name) == resembles
+
+
+@pytest.mark.parametrize(
+    "name", ["id", "timestamp", "age", "stage", "partition", "payload", "count", "_c0", "val"]
+)
+def test_other_columns_resemble_nothing(name: str) -> None:
+    assert resembled_column(name) is None
+
+
+def test_sink_columns_resemble_nothing() -> None:
+    from spark_udfs._sink import COLUMNS
+
+    assert [resembled_column(c) for c in COLUMNS] == [None] * len(COLUMNS)
 
 
 # --- sending ---------------------------------------------------------------------

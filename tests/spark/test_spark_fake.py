@@ -3,6 +3,7 @@ as Spark hands them over, schema errors, re-sends, a failing task, the foreachBa
 
 from __future__ import annotations
 
+import logging
 from datetime import UTC, datetime
 from typing import Any
 
@@ -69,7 +70,8 @@ def test_msg_id_column_and_per_row_topic(spark: Any, topic: str) -> None:
 @pytest.mark.parametrize(
     ("make", "needle"),
     [
-        (lambda F, df: df.withColumn("colour", F.lit("red")), "unknown column 'colour'"),
+        (lambda F, df: df.withColumn("delay", F.lit(5000)), "'delay' looks like .*'delay_ms'"),
+        (lambda F, df: df.withColumn("msgId", F.lit("a")), "'msgId' looks like .*'msg_id'"),
         (lambda F, df: df.withColumn("delay_ms", F.lit("soon")), "'delay_ms' must be an integer"),
         (lambda F, df: df.withColumn("deliver_at", F.lit(5)), "'deliver_at' must be timestamp"),
         (lambda F, df: df.withColumnRenamed("value", "body"), "needs a 'value' column"),
@@ -82,6 +84,40 @@ def test_schema_errors_before_any_task(spark: Any, topic: str, make: Any, needle
     with pytest.raises(Exception, match=needle):
         _writer(df, topic).save()
     assert fake_sent(topic) == []
+
+
+def test_other_columns_are_ignored(spark: Any, topic: str) -> None:
+    from pyspark.sql import functions as F
+
+    df = spark.range(0, 200, numPartitions=2).select(
+        "id",
+        F.col("id").cast("string").alias("value"),
+        F.lit("red").alias("colour"),
+        F.current_timestamp().alias("timestamp"),
+    )
+    _writer(df, topic).save()
+    sent = fake_sent(topic)
+    assert sorted(int(m["body"]) for m in sent) == list(range(200))
+    assert all(m["properties"] is None and m["key"] is None for m in sent)
+
+
+def test_ignored_columns_get_one_warning(caplog: pytest.LogCaptureFixture) -> None:
+    from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+    from spark_udfs._schema import check_schema
+
+    schema = StructType(
+        [
+            StructField("id", LongType()),
+            StructField("value", StringType()),
+            StructField("colour", StringType()),
+        ]
+    )
+    with caplog.at_level(logging.WARNING, logger="spark_udfs"):
+        assert check_schema(schema, has_topic_option=True) == ["id", "colour"]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert "'id', 'colour'" in warnings[0]
 
 
 def test_overwrite_and_unknown_option_are_refused(spark: Any, topic: str) -> None:
