@@ -28,7 +28,6 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 import psutil
