@@ -144,7 +144,7 @@ def test_bucket_loading_race(make_store) -> None:
     target = clock.now + 5_000
     s.submit([msg(i, target + i) for i in range(100)]).result(10)
     entered, release = threading.Event(), threading.Event()
-    orig = s._slog.entries
+    orig = s._files.slog.entries
 
     def slow_entries(bucket: int, upto: int | None = None):
         if bucket == target // 1000:
@@ -152,7 +152,7 @@ def test_bucket_loading_race(make_store) -> None:
             assert release.wait(10)
         return orig(bucket, upto)
 
-    s._slog.entries = slow_entries  # type: ignore[method-assign]
+    s._files.slog.entries = slow_entries  # type: ignore[method-assign]
     clock.advance(5_000)  # the loader now loads the bucket ...
     assert entered.wait(5)
     s.submit([msg(i, target + i) for i in range(100, 200)]).result(10)  # ... during the load

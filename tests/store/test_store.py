@@ -337,14 +337,14 @@ def test_cancel_racing_the_firing_thread(make_store) -> None:
 def test_back_pressure_by_bytes_while_the_committer_is_stuck(make_store) -> None:
     s = make_store(max_pending_bytes=50_000)
     entered, release = threading.Event(), threading.Event()
-    orig = s._mlog.sync
+    orig = s._files.mlog.sync
 
     def stuck_sync() -> None:
         entered.set()
         assert release.wait(10)
         orig()
 
-    s._mlog.sync = stuck_sync  # type: ignore[method-assign]
+    s._files.mlog.sync = stuck_sync  # type: ignore[method-assign]
     at = wall_clock_ms() + 10**6
     first = s.submit([msg(0, at, body=b"x" * 1000)])
     assert entered.wait(5)  # the committer is inside the group's sync

@@ -1,4 +1,4 @@
-"""The delay broker's durable storage engine (see :mod:`qclient.server.store.store`)."""
+"""The delay broker's durable storage engine (docs/STORAGE.md is the map)."""
 
 from qclient.server.store.store import DelayStore, wall_clock_ms
 from qclient.server.store.types import (

@@ -38,6 +38,11 @@ class DedupeTable:
     def get(self, h: int) -> int | None:
         return self._map.get(h)
 
+    def find(self, msg_id: str) -> tuple[int, int | None]:
+        """``(id_hash(msg_id), position or None)`` in one call (the submit path's lookup)."""
+        h = hash(msg_id) & _MASK60
+        return h, self._map.get(h)
+
     def add(self, h: int, position: int, now_ms: int) -> None:
         if h not in self._map:
             self._ring.append(h)

@@ -13,6 +13,11 @@ cursor; it then reads ``[0, cursor)`` without the lock and merges under the lock
 appended after the cursor were pushed by the replayer, entries before it are read by the
 loader: none is lost and none is loaded twice.
 
+The loading state (``loaded_upto``, ``loading``, the extra loaded buckets) is the
+wheel's own: the loader drives it through :meth:`Wheel.start_load`,
+:meth:`Wheel.finish_load` and :meth:`Wheel.abort_load`, everyone else asks
+:meth:`Wheel.is_loaded`.
+
 Every method must be called with the scheduler lock held.
 """
 
@@ -44,10 +49,10 @@ class Wheel:
     def __init__(self, bucket_ms: int):
         self.bucket_ms = bucket_ms
         self.heap: list[int] = []
-        self.loaded_upto = -1  # every bucket <= this is loaded
-        self.loaded_extra: set[int] = set()  # loaded buckets > loaded_upto
-        self.loading: int | None = None
-        self.unloaded: set[int] = set()  # buckets > loaded_upto with entries on disk
+        self._loaded_upto = -1  # every bucket <= this is loaded
+        self._loaded_extra: set[int] = set()  # loaded buckets > _loaded_upto
+        self._loading: int | None = None  # the bucket the loader is reading, if any
+        self.unloaded: set[int] = set()  # buckets > _loaded_upto with entries on disk
         self._unloaded_heap: list[int] = []  # the same, for the earliest (lazy deletion)
         self.state: dict[int, BucketState] = {}
         self.cancelled: dict[int, set[int]] = {}  # bucket -> cancelled positions
@@ -57,7 +62,46 @@ class Wheel:
         self.dispatch_gen = 0  # bumped whenever positions leave ``firing``
 
     def is_loaded(self, b: int) -> bool:
-        return b <= self.loaded_upto or b == self.loading or b in self.loaded_extra
+        """Bucket ``b`` is loaded or being loaded: new entries go straight into the heap."""
+        return b <= self._loaded_upto or b == self._loading or b in self._loaded_extra
+
+    def is_loading(self, b: int) -> bool:
+        return b == self._loading
+
+    def start_load(self, target: int) -> int | None:
+        """The earliest unloaded bucket ``<= target``, now marked loading; None if there is
+        none (then every bucket up to ``target`` counts as loaded)."""
+        first = self.earliest_unloaded()
+        if first is None or first > target:
+            if target > self._loaded_upto:
+                self._loaded_upto = target
+                self._loaded_extra = {x for x in self._loaded_extra if x > target}
+            return None
+        self.unloaded.discard(first)
+        self._loading = first
+        return first
+
+    def finish_load(self, b: int) -> None:
+        """The loader has merged bucket ``b``'s file: it stays loaded."""
+        self._loaded_extra.add(b)
+        self._loading = None
+
+    def abort_load(self, b: int) -> None:
+        """Reading bucket ``b`` failed: it waits to be loaded again."""
+        self._loading = None
+        self.add_unloaded(b)
+
+    def note_entries(self, b: int, entries: list[tuple[int, int, int, int]], cancel: int) -> None:
+        """Take the cancels and the highest position of bucket ``b``'s schedule entries
+        ``(deliver_at, position, size, kind)``; ``cancel`` is the cancel entries' kind."""
+        st = self.state_for(b)
+        max_pos = st.max_pos
+        for _d, pos, _size, kind in entries:
+            if kind == cancel:
+                self.cancel(b, pos)
+            if pos > max_pos:
+                max_pos = pos
+        st.max_pos = max_pos
 
     def add_unloaded(self, b: int) -> None:
         if b not in self.unloaded:
@@ -71,9 +115,6 @@ class Wheel:
             heapq.heappop(h)  # loaded meanwhile
         return h[0] if h else None
 
-    def take_unloaded(self, b: int) -> None:
-        self.unloaded.discard(b)
-
     def state_for(self, b: int) -> BucketState:
         st = self.state.get(b)
         if st is None:
@@ -86,6 +127,12 @@ class Wheel:
 
     def cancel(self, b: int, pos: int) -> None:
         self.cancelled.setdefault(b, set()).add(pos)
+
+    def uncancel(self, b: int, pos: int) -> None:
+        """Undo :meth:`cancel` of a tombstone that was never written."""
+        s = self.cancelled.get(b)
+        if s is not None:
+            s.discard(pos)
 
     def push(self, deliver_at_ms: int, pos: int, size: int) -> bool:
         """Add a due entry of a loaded bucket; True if it is the new earliest."""

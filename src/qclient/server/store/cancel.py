@@ -1,0 +1,111 @@
+"""Cancel: a durable tombstone record that the replayer turns into a cancel entry in the
+message's bucket; the firing thread skips cancelled positions.
+
+"Has it fired?" is answered without per-message state: in flight (popped, not yet
+dispatched) or in the bucket's dispatch log (an aligned ``bytes.find``); the wheel's
+dispatch generation makes that check atomic with the syncer. An id no longer in the
+dedupe table is found by reading its bucket's schedule file (``deliver_at_ms`` names it).
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+
+from qclient.server.store import record as rec
+from qclient.server.store._files import check_name
+from qclient.server.store._shared import Shared
+from qclient.server.store.committer import Batch, Committer, Entry
+from qclient.server.store.dedupe import id_hash
+from qclient.server.store.types import CancelOutcome, InvalidRecordError, StoreError
+
+_MSG = rec.KIND_MESSAGE
+_CANCEL = rec.KIND_CANCEL
+
+
+def _locate(
+    sh: Shared, topic: str, msg_id: str, deliver_at_ms: int
+) -> tuple[int, rec.Record] | None:
+    mlog, slog = sh.files.mlog, sh.files.slog
+    with sh.submit_lock:
+        pos = sh.dedupe.get(id_hash(msg_id))
+    if pos is not None:
+        r = mlog.read_record(pos)
+        if r is not None and r.kind == _MSG and r.msg_id == msg_id and r.topic == topic:
+            return pos, r
+    b = deliver_at_ms // sh.bucket_ms
+    for d, p, size, kind in slog.find(b, deliver_at_ms=deliver_at_ms):
+        if kind == _MSG and d == deliver_at_ms:
+            r = mlog.read_record(p, size)
+            if r is not None and r.kind == _MSG and r.msg_id == msg_id and r.topic == topic:
+                return p, r
+    return None
+
+
+def cancel(
+    sh: Shared, committer: Committer, topic: str, msg_id: str, deliver_at_ms: int
+) -> Future[CancelOutcome]:
+    """Cancel a scheduled message (durable tombstone) if it has not fired yet."""
+    try:
+        check_name(topic)
+    except ValueError as exc:
+        raise InvalidRecordError(str(exc)) from None
+    if not isinstance(deliver_at_ms, int) or deliver_at_ms < 0:
+        raise InvalidRecordError("deliver_at_ms out of range")
+    done: Future[CancelOutcome] = Future()
+    found = _locate(sh, topic, msg_id, deliver_at_ms)
+    if found is None:
+        done.set_result(CancelOutcome(False, "not_found"))
+        return done
+    pos, r = found
+    w = sh.wheel
+    slog, dlog = sh.files.slog, sh.files.dlog
+    b = r.deliver_at_ms // sh.bucket_ms
+
+    def cancel_on_disk() -> bool:
+        return any(k == _CANCEL for *_, k in slog.find(b, position=pos))
+
+    gen = w.dispatch_gen
+    on_disk_cancel = cancel_on_disk()  # usually without the lock ...
+    on_disk_fired = dlog.contains(b, pos)
+    with sh.sched:
+        if w.dispatch_gen != gen:
+            # ... but a dispatch write raced with the reads: read the dispatch log again,
+            # now that nothing can leave ``firing`` before we decide. A cancel entry
+            # appended since the first read came with ``w.cancel`` in the same lock hold,
+            # so ``is_cancelled`` below covers it without re-reading the whole schedule
+            # file; only a cancel seen before is read again (the bucket may have been
+            # cleaned up meanwhile)
+            on_disk_fired = dlog.contains(b, pos)
+            if on_disk_cancel:
+                on_disk_cancel = cancel_on_disk()
+        reason = None
+        if on_disk_cancel or w.is_cancelled(b, pos):
+            reason = "already_cancelled"
+        elif on_disk_fired or pos in w.firing or not slog.size(b):
+            reason = "already_fired"  # (no schedule file left: fired, cleaned up)
+        else:
+            w.cancel(b, pos)  # from now on the firing thread skips it
+    if reason is not None:
+        done.set_result(CancelOutcome(False, reason))
+        return done
+    data = rec.encode(
+        _CANCEL,
+        msg_id,
+        topic,
+        b"",
+        queue_id=r.queue_id,
+        received_ms=sh.clock(),
+        deliver_at_ms=r.deliver_at_ms,
+        ref=pos,
+    )
+    batch = Batch(1, cancel=True)
+    batch.entries.append(Entry(_CANCEL, msg_id, 0, data, r.queue_id, r.deliver_at_ms, ref=pos))
+    batch.nbytes = len(data)
+    try:
+        committer.enqueue(batch)
+    except StoreError:
+        with sh.sched:
+            w.uncancel(b, pos)
+        raise
+    sh.stats["cancelled"] += 1
+    return batch.fut  # type: ignore[return-value]

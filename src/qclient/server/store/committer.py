@@ -1,0 +1,252 @@
+"""Group commit: queued submissions are written together and made durable by one fsync.
+
+While one group's ``fdatasync`` runs, new submissions queue up for the next group; a
+submission's future completes only after its records are durable (when ``config.fsync``).
+After the fsync the group's records are replayed into the schedule log and wheel and
+remembered in the dedupe table.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+
+import msgspec
+
+from qclient.server.store import record as rec
+from qclient.server.store._shared import LOCK_CHUNK, Shared
+from qclient.server.store.replay import Replayer
+from qclient.server.store.types import (
+    CancelOutcome,
+    NewMessage,
+    StoreBusyError,
+    StoreError,
+    StoreResult,
+)
+
+log = logging.getLogger(__name__)
+
+_MSG = rec.KIND_MESSAGE
+
+
+class Entry(msgspec.Struct, eq=False):
+    """One record on its way through the group commit (a msgspec Struct: built in C, ~3x
+    cheaper than a slotted class with an ``__init__``; ``eq=False``: compared by identity)."""
+
+    kind: int
+    msg_id: str
+    h: int
+    data: bytes
+    queue_id: int
+    deliver_at: int
+    ref: int = 0
+    index: int = 0  # the record's place in its submit() call
+    position: int = -1
+    error: BaseException | None = None
+
+
+class Batch:
+    """One submit() (or cancel) call: its future and how to build its results."""
+
+    __slots__ = ("cancel", "deps", "entries", "fut", "nbytes", "results")
+
+    def __init__(self, n: int, *, cancel: bool = False):
+        self.fut: Future[object] = Future()
+        self.results: list[StoreResult | None] = [None] * n
+        self.entries: list[Entry] = []  # new records, each knowing its index
+        self.deps: list[tuple[int, Entry]] = []  # duplicates of in-flight entries
+        self.cancel = cancel
+        self.nbytes = 0  # encoded bytes counted in the committer's pending bytes
+
+    def complete(self) -> None:
+        entries, deps = self.entries, self.deps
+        self.entries, self.deps = [], []  # the future's result outlives the batch's entries
+        for e in entries:
+            if e.error is not None:
+                self.fut.set_exception(e.error)
+                return
+        for _, e in deps:
+            if e.error is not None:
+                self.fut.set_exception(e.error)
+                return
+        if self.cancel:
+            self.fut.set_result(CancelOutcome(True, None))
+            return
+        res = self.results
+        if len(entries) == len(res):  # the common case: every message new
+            self.results = []
+            res = [StoreResult(e.msg_id, e.queue_id, e.deliver_at, False) for e in entries]
+        else:
+            for e in entries:
+                res[e.index] = StoreResult(e.msg_id, e.queue_id, e.deliver_at, False)
+        for i, e in deps:
+            res[i] = StoreResult(e.msg_id, e.queue_id, e.deliver_at, True)
+        self.fut.set_result(res)
+
+
+class Committer:
+    """The submission queue, the in-flight ids and the committer thread's loop."""
+
+    def __init__(self, sh: Shared, replayer: Replayer, check_open: Callable[[], None]):
+        self._sh = sh
+        self._replayer = replayer
+        self._check_open = check_open
+        self._cv = threading.Condition(sh.submit_lock)
+        self._queue: list[Batch] = []
+        self._inflight: dict[str, Entry] = {}
+        self._stop = False
+        self.pending = 0  # records queued or being committed
+        self.pending_bytes = 0
+        self._max_pending = sh.config.max_pending_messages
+        self._max_pending_bytes = sh.config.max_pending_bytes
+
+    def submit(self, msgs: list[NewMessage], datas: list[bytes]) -> Future[list[StoreResult]]:
+        """Queue the encoded records ``datas`` of ``msgs``, answering duplicates (in flight
+        or in the dedupe table) with the original's result."""
+        sh = self._sh
+        batch = Batch(len(msgs))
+        entries = batch.entries
+        inflight = self._inflight
+        dedupe_find = sh.dedupe.find
+        read_record = sh.files.mlog.read_record
+        with sh.submit_lock:
+            self._check_open()
+            for i, (m, data) in enumerate(zip(msgs, datas, strict=True)):
+                mid = m.msg_id
+                e = inflight.get(mid)
+                if e is not None:
+                    batch.deps.append((i, e))
+                    continue
+                h, pos = dedupe_find(mid)
+                if pos is not None:
+                    r = read_record(pos)
+                    if r is not None and r.kind == _MSG and r.msg_id == mid:
+                        batch.results[i] = StoreResult(mid, r.queue_id, r.deliver_at_ms, True)
+                        continue
+                e = Entry(_MSG, mid, h, data, m.queue_id, m.deliver_at_ms, 0, i)
+                inflight[mid] = e
+                entries.append(e)
+            n = len(entries)
+            nbytes = sum(map(len, datas)) if n == len(datas) else sum(len(e.data) for e in entries)
+            if n and (
+                self.pending + n > self._max_pending
+                or (self.pending_bytes and self.pending_bytes + nbytes > self._max_pending_bytes)
+            ):
+                for e in entries:
+                    del inflight[e.msg_id]
+                sh.stats["busy_rejections"] += 1
+                raise StoreBusyError("too many messages pending the group commit")
+            sh.stats["duplicates"] += len(msgs) - n
+            if n or batch.deps:
+                batch.nbytes = nbytes
+                self._queue.append(batch)
+                self.pending += n
+                self.pending_bytes += nbytes
+                self._cv.notify()
+        if not (n or batch.deps):
+            batch.complete()
+        return batch.fut  # type: ignore[return-value]
+
+    def enqueue(self, batch: Batch) -> None:
+        """Queue a batch built by the caller (a cancel's tombstone); raises StoreError if
+        the store is no longer open (what is queued before it stops is still committed)."""
+        with self._sh.submit_lock:
+            self._check_open()
+            self._queue.append(batch)
+            self.pending += len(batch.entries)
+            self.pending_bytes += batch.nbytes
+            self._cv.notify()
+
+    def stop(self) -> None:
+        """Let the loop commit what is queued, then return."""
+        with self._cv:
+            self._stop = True
+            self._cv.notify_all()
+
+    def run(self) -> None:
+        """The committer thread."""
+        while True:
+            with self._cv:
+                while not self._queue and not self._stop:
+                    self._cv.wait()
+                if not self._queue:
+                    return
+                group, self._queue = self._queue, []
+            try:
+                self._commit(group)
+            except BaseException as exc:  # never leave a future hanging
+                log.exception("group commit failed")
+                self._fail(group, StoreError(f"commit failed: {exc}"))
+
+    def _fail(self, group: list[Batch], error: BaseException) -> None:
+        with self._sh.submit_lock:
+            for b in group:
+                for e in b.entries:
+                    if e.position < 0:
+                        e.error = error
+                        if self._inflight.get(e.msg_id) is e:
+                            del self._inflight[e.msg_id]
+                        self.pending -= 1
+                self.pending_bytes -= b.nbytes
+                b.nbytes = 0
+        for b in group:
+            if not b.fut.done():
+                b.complete()
+
+    def _commit(self, group: list[Batch]) -> None:
+        sh = self._sh
+        mlog = sh.files.mlog
+        stats = sh.stats
+        entries = [e for b in group for e in b.entries]
+        if entries:
+            start = mlog.end
+            try:
+                positions = mlog.append([e.data for e in entries])
+                mlog.sync()
+            except OSError as exc:
+                log.error("message log write failed: %s", exc)
+                try:
+                    mlog.truncate(start)
+                except OSError as exc2:
+                    sh.broken = exc2
+                self._fail(group, StoreError(f"message log write failed: {exc}"))
+                return
+            stats["fsyncs"] += 1
+            stats["groups"] += 1
+            stats["appended"] += len(entries)
+            items = []
+            for e, pos in zip(entries, positions, strict=True):
+                e.position = pos
+                items.append((pos, len(e.data), e.kind, e.deliver_at, e.ref))
+                e.data = b""
+            try:
+                self._replayer.replay(items, mlog.end)
+            except Exception as exc:
+                # the records are durable: a restart replays them (the checkpoint stops here)
+                log.exception("schedule replay failed; the store stops accepting work")
+                sh.broken = exc
+            now = sh.clock()
+            nbytes = 0
+            for b in group:
+                nbytes += b.nbytes
+                b.nbytes = 0
+            inflight = self._inflight
+            dedupe = sh.dedupe
+            for i in range(0, len(entries), LOCK_CHUNK):
+                chunk = entries[i : i + LOCK_CHUNK]
+                msgs = [e for e in chunk if e.kind == _MSG]
+                hashes = [e.h for e in msgs]
+                where = [e.position for e in msgs]
+                with sh.submit_lock:
+                    for e in msgs:
+                        if inflight.get(e.msg_id) is e:
+                            del inflight[e.msg_id]
+                    dedupe.add_many(hashes, where, now)
+                    self.pending -= len(chunk)
+            with sh.submit_lock:
+                dedupe.expire(now)
+                self.pending_bytes -= nbytes
+        for b in group:
+            b.complete()

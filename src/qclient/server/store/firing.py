@@ -1,0 +1,105 @@
+"""Firing: sleep until the earliest due wheel entry (woken early by a sooner one), pop
+what is due, read the records back and append them to the consume logs; the syncer then
+makes them durable and visible. An entry never fires before its ``deliver_at_ms``."""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+
+from qclient.server.store import record as rec
+from qclient.server.store._files import check_name
+from qclient.server.store._shared import MAX_WAIT_S, Shared
+from qclient.server.store.syncer import Syncer
+
+log = logging.getLogger(__name__)
+
+_MSG = rec.KIND_MESSAGE
+_FIRE_BATCH = 4096  # entries popped per wake-up
+_LATENESS_KEPT = 8192  # the newest lateness samples kept for the stats
+
+
+class Firing:
+    """The firing thread's loop and its lateness samples."""
+
+    def __init__(self, sh: Shared, syncer: Syncer):
+        self._sh = sh
+        self._syncer = syncer
+        self._stop = False
+        self.lateness: collections.deque[int] = collections.deque(maxlen=_LATENESS_KEPT)
+
+    def stop(self) -> None:
+        with self._sh.fire_cv:
+            self._stop = True
+            self._sh.fire_cv.notify_all()
+
+    def run(self) -> None:
+        """The firing thread."""
+        while not self._stop:
+            try:
+                self._step()
+            except Exception:  # a bug must not silently stop all firing
+                log.exception("firing loop error")
+                self._sh.stats["fire_errors"] += 1
+                time.sleep(0.1)
+
+    def _step(self) -> None:
+        """Wait until something is due (or a sooner entry arrives), then fire it."""
+        sh = self._sh
+        w = sh.wheel
+        with sh.fire_cv:
+            while True:
+                if self._stop:
+                    return
+                now = sh.clock()
+                due = w.pop_due(now, _FIRE_BATCH)
+                if due:
+                    break
+                nxt = w.next_due()
+                timeout = MAX_WAIT_S if nxt is None else min(MAX_WAIT_S, (nxt - now) / 1000)
+                if timeout > 0:
+                    sh.fire_cv.wait(timeout)
+        try:
+            self._fire(due, now)
+        except Exception:
+            log.exception("firing %d messages failed; they will be retried", len(due))
+            sh.stats["fire_errors"] += 1
+            with sh.sched:
+                for d, pos, size in due:
+                    w.unfire(d, pos, size)
+            time.sleep(0.1)
+
+    def _fire(self, due: list[tuple[int, int, int]], now: int) -> None:
+        sh = self._sh
+        fired_at = max(now, sh.clock())
+        by_q: dict[tuple[str, int], list[tuple[bytes, int, int]]] = collections.defaultdict(list)
+        dispatch: dict[int, list[int]] = collections.defaultdict(list)
+        lateness = self.lateness
+        read = sh.files.mlog.read
+        bucket_ms = sh.bucket_ms
+        names_ok: set[str] = set()  # topics that passed check_name in this call
+        for d, pos, size in due:
+            raw = read(pos, size)
+            dispatch[d // bucket_ms].append(pos)
+            try:
+                route = rec.verify_route(raw)
+                if route.kind != _MSG or route.deliver_at_ms != d:
+                    raise rec.CorruptRecord("not the scheduled message")
+                if route.topic not in names_ok:
+                    names_ok.add(check_name(route.topic))
+            except (rec.CorruptRecord, ValueError) as exc:
+                log.error("schedule entry at %d: %s; dropped", pos, exc)
+                sh.stats["corrupt_records"] += 1
+                continue
+            by_q[(route.topic, route.queue_id)].append((raw, pos, fired_at))
+            lateness.append(fired_at - d)
+        queues = []
+        consume = sh.files.consume
+        for (topic, qid), items in by_q.items():
+            q = consume.get(topic, qid, create=True)
+            assert q is not None
+            q.append(items)
+            queues.append(q)
+        sh.stats["fired"] += sum(len(v) for v in by_q.values())
+        self._syncer.hand(queues, dispatch, {t for t, _ in by_q})

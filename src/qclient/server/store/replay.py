@@ -1,0 +1,102 @@
+"""Replay: message-log records -> schedule-log entries, and wheel entries when loaded.
+
+Runs on the committer thread after each group's fsync, and at open over the log past the
+checkpoint. It owns the replay offset (how far the log has been replayed) and each
+bucket's lowest referenced log position (what segment retention must keep).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from qclient.server.store import record as rec
+from qclient.server.store._shared import LOCK_CHUNK, Shared
+from qclient.server.store.schedule_log import ENTRY
+from qclient.server.store.types import StoreError
+from qclient.server.store.wheel import MAX_POSITION
+
+_MSG = rec.KIND_MESSAGE
+_CANCEL = rec.KIND_CANCEL
+
+# (position, size, kind, deliver_at_ms, ref) of one message-log record
+Item = tuple[int, int, int, int, int]
+
+
+class Replayer:
+    """Appends schedule entries for new records and pushes loaded ones into the wheel."""
+
+    def __init__(self, sh: Shared, wake_loader: Callable[[], None]):
+        self._sh = sh
+        self._wake_loader = wake_loader
+        self.replayed = 0  # log position replayed up to (read under ``sched``)
+        self._bucket_first: dict[int, int] = {}  # bucket -> lowest log position it refers to
+
+    def note_first(self, b: int, position: int) -> None:
+        """Bucket ``b`` refers to log ``position`` (call under ``sched`` once threads run)."""
+        fp = self._bucket_first.get(b)
+        if fp is None or position < fp:
+            self._bucket_first[b] = position
+
+    def forget(self, b: int) -> None:
+        """Bucket ``b``'s files are removed: it pins no log position (under ``sched``)."""
+        self._bucket_first.pop(b, None)
+
+    def lowest_positions(self) -> Iterable[int]:
+        """Each bucket's lowest referenced position (under ``sched``)."""
+        return self._bucket_first.values()
+
+    def replay(self, items: list[Item], end: int) -> None:
+        """Append schedule entries for new log records; push loaded ones into the wheel;
+        the replay offset becomes ``end``.
+
+        Works in chunks so that a huge group never holds the scheduler lock for long (the
+        firing thread needs it); each chunk's file appends and wheel pushes are atomic with
+        respect to the loader's cursor."""
+        if end > MAX_POSITION:
+            raise StoreError("message log beyond 1 TiB: segment retention is not implemented")
+        sh = self._sh
+        horizon = sh.clock() + sh.config.load_ahead_ms
+        wake_loader = False
+        w = sh.wheel
+        slog = sh.files.slog
+        bucket_ms = sh.bucket_ms
+        pack = ENTRY.pack
+        first = self._bucket_first
+        for i in range(0, max(1, len(items)), LOCK_CHUNK):
+            bufs: dict[int, list[bytes]] = {}
+            loaded: dict[int, bool] = {}  # bucket -> is_loaded (fixed while sched is held)
+            notify = False
+            with sh.sched:
+                for pos, size, kind, deliver_at, ref in items[i : i + LOCK_CHUNK]:
+                    b = deliver_at // bucket_ms
+                    p = pos if kind == _MSG else ref
+                    fp = first.get(b)
+                    if fp is None or p < fp:
+                        first[b] = p
+                    if kind != _MSG and kind != _CANCEL:
+                        continue
+                    buf = bufs.get(b)
+                    if buf is None:
+                        buf = bufs[b] = []
+                        loaded[b] = w.is_loaded(b)
+                        if not loaded[b]:
+                            w.add_unloaded(b)
+                    if kind == _MSG:
+                        buf.append(pack(deliver_at, pos, size, _MSG))
+                        if loaded[b]:
+                            notify |= w.push(deliver_at, pos, size)
+                        elif not wake_loader and deliver_at <= horizon:
+                            wake_loader = True
+                    elif kind == _CANCEL:
+                        buf.append(pack(deliver_at, ref, size, _CANCEL))
+                        w.cancel(b, ref)
+                        if loaded[b]:
+                            w.note_position(b, pos)
+                for b, chunks in bufs.items():
+                    slog.append(b, b"".join(chunks))
+                if i + LOCK_CHUNK >= len(items):
+                    self.replayed = end
+                if notify:
+                    sh.fire_cv.notify()
+        if wake_loader:
+            self._wake_loader()

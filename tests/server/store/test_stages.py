@@ -1,0 +1,230 @@
+"""Unit tests of the store's stages on real files, without the store's threads."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+
+from qclient.server.store import record as rec
+from qclient.server.store._shared import Shared
+from qclient.server.store.checkpoint import Checkpoint
+from qclient.server.store.committer import Committer
+from qclient.server.store.dedupe import DedupeTable, id_hash
+from qclient.server.store.files import StoreFiles
+from qclient.server.store.intake import Intake
+from qclient.server.store.loader import Loader
+from qclient.server.store.replay import Replayer
+from qclient.server.store.retention import Retention
+from qclient.server.store.types import (
+    InvalidRecordError,
+    NewMessage,
+    StoreBusyError,
+    StoreConfig,
+)
+from qclient.server.store.wheel import Wheel
+
+BUCKET = 1000
+NOW = 5_000_000
+
+
+class Stages:
+    """The stages of one store wired by hand; ``files`` open, closed by the fixture."""
+
+    def __init__(self, tmp_path: Path, **cfg: object):
+        self.now = NOW
+        config = StoreConfig(data_dir=tmp_path, bucket_ms=BUCKET, fsync=False, **cfg)  # type: ignore[arg-type]
+        self.files = StoreFiles(config)
+        self.files.open()
+        self.sh = Shared(config, lambda: self.now, BUCKET, self.files)
+        self.woken = 0
+        self.loader = Loader(self.sh)
+        self.replayer = Replayer(self.sh, self._wake)
+        self.checkpoint = Checkpoint(self.sh, self.replayer)
+        self.retention = Retention(self.sh, self.replayer, self.checkpoint)
+
+    def _wake(self) -> None:
+        self.woken += 1
+
+    def append(self, *msgs: tuple[str, int]) -> list[tuple[int, int, int, int, int]]:
+        """Write messages ``(msg_id, deliver_at)`` to the message log; their replay items."""
+        datas = [
+            rec.encode(
+                rec.KIND_MESSAGE, mid, "t", b"x", queue_id=0, received_ms=NOW, deliver_at_ms=at
+            )
+            for mid, at in msgs
+        ]
+        positions = self.files.mlog.append(datas)
+        return [
+            (p, len(d), rec.KIND_MESSAGE, at, 0)
+            for p, d, (_, at) in zip(positions, datas, msgs, strict=True)
+        ]
+
+
+@pytest.fixture
+def stages(tmp_path: Path):
+    st = Stages(tmp_path)
+    try:
+        yield st
+    finally:
+        st.files.close()
+
+
+# ---------------------------------------------------------------- wheel loading state
+def test_wheel_loading_state_is_driven_by_its_methods() -> None:
+    w = Wheel(BUCKET)
+    w.add_unloaded(7)
+    w.add_unloaded(3)
+    assert not w.is_loaded(3)
+    assert w.start_load(2) is None  # nothing due by bucket 2: everything <= 2 is loaded
+    assert w.is_loaded(2) and not w.is_loaded(3)
+    assert w.start_load(5) == 3
+    assert w.is_loading(3) and w.is_loaded(3)  # being loaded counts as loaded
+    w.abort_load(3)
+    assert not w.is_loaded(3) and w.earliest_unloaded() == 3
+    assert w.start_load(5) == 3
+    w.finish_load(3)
+    assert w.is_loaded(3) and not w.is_loading(3)
+    assert w.start_load(5) is None
+    assert w.is_loaded(5) and not w.is_loaded(7)
+    assert w.start_load(9) == 7
+
+
+def test_wheel_note_entries_takes_cancels_and_max_position() -> None:
+    w = Wheel(BUCKET)
+    entries = [(1000, 10, 5, rec.KIND_MESSAGE), (1001, 30, 5, rec.KIND_CANCEL), (1002, 20, 5, 0)]
+    w.note_entries(1, entries, rec.KIND_CANCEL)
+    assert w.is_cancelled(1, 30) and not w.is_cancelled(1, 10)
+    assert w.state[1].max_pos == 30
+    w.uncancel(1, 30)
+    assert not w.is_cancelled(1, 30)
+
+
+# ---------------------------------------------------------------- dedupe
+def test_dedupe_find_hashes_like_id_hash() -> None:
+    t = DedupeTable(window_ms=1000, max_ids=10)
+    assert t.find("a") == (id_hash("a"), None)
+    t.add(id_hash("a"), 42, 0)
+    assert t.find("a") == (id_hash("a"), 42)
+
+
+# ---------------------------------------------------------------- intake
+@pytest.mark.parametrize(
+    ("m", "error"),
+    [
+        (NewMessage("a/b", 0, "i", b"", NOW), "invalid topic name"),
+        (NewMessage("t", 70000, "i", b"", NOW), "invalid queue id"),
+        (NewMessage("t", 0, "", b"", NOW), "msg_id must be"),
+        (NewMessage("t", 0, "i", b"", -1), "deliver_at_ms out of range"),
+        (NewMessage("t", 0, "i", "s", NOW), "body must be bytes"),  # type: ignore[arg-type]
+        (NewMessage("t", 0, "i", b"x" * 600, NOW), "message too large"),
+    ],
+)
+def test_intake_names_the_first_problem(tmp_path: Path, m: NewMessage, error: str) -> None:
+    intake = Intake(StoreConfig(data_dir=tmp_path, max_record_bytes=500))
+    with pytest.raises(InvalidRecordError, match=error):
+        intake.encode([m], NOW)
+
+
+def test_intake_validated_path_encodes_like_the_checked_path(tmp_path: Path) -> None:
+    intake = Intake(StoreConfig(data_dir=tmp_path))
+    msgs = [NewMessage("t", i % 4, f"m{i}", b"body", NOW + i) for i in range(5)]
+    checked = intake.encode(msgs, NOW)  # also remembers the topic as checked
+    assert intake.encode(msgs, NOW, validated=True) == checked
+
+
+# ---------------------------------------------------------------- replay + loader
+def test_replay_writes_schedule_and_wakes_the_loader_only_when_due_soon(stages: Stages) -> None:
+    soon, later = NOW + 100, NOW + 10 * 86_400_000
+    items = stages.append(("a", soon), ("b", later))
+    stages.replayer.replay(items, stages.files.mlog.end)
+    assert stages.replayer.replayed == stages.files.mlog.end
+    assert stages.files.slog.size(soon // BUCKET) and stages.files.slog.size(later // BUCKET)
+    assert stages.sh.wheel.heap == []  # nothing loaded yet
+    assert stages.woken == 1  # "a" is within load_ahead_ms
+    assert sorted(stages.replayer.lowest_positions()) == [items[0][0], items[1][0]]
+
+
+def test_loader_loads_due_buckets_minus_fired_and_cancelled(stages: Stages) -> None:
+    at = NOW + 100
+    items = stages.append(("a", at), ("b", at + 1), ("c", at + 2))
+    stages.replayer.replay(items, stages.files.mlog.end)
+    b = at // BUCKET
+    stages.files.dlog.add(b, [items[0][0]])  # "a" fired before a restart
+    with stages.sh.sched:
+        stages.sh.wheel.cancel(b, items[1][0])  # "b" cancelled
+    assert stages.loader.step()
+    assert not stages.loader.step()  # the far buckets are not due
+    with stages.sh.sched:
+        assert stages.sh.wheel.pop_due(at + 10, 10) == [(at + 2, items[2][0], items[2][1])]
+    # a message replayed into the now loaded bucket goes straight into the wheel
+    more = stages.append(("d", at + 3))
+    stages.replayer.replay(more, stages.files.mlog.end)
+    assert stages.sh.wheel.next_due() == at + 3
+
+
+# ---------------------------------------------------------------- checkpoint + retention
+def test_checkpoint_round_trip_and_unreadable_file(stages: Stages, tmp_path: Path) -> None:
+    assert stages.checkpoint.read() == 0
+    stages.replayer.replay(stages.append(("a", NOW)), stages.files.mlog.end)
+    stages.checkpoint.write()
+    assert stages.checkpoint.read() == stages.files.mlog.end == stages.checkpoint.written
+    (tmp_path / "checkpoint.json").write_text("{not json")
+    assert stages.checkpoint.read() == 0
+
+
+def test_a_failed_store_keeps_its_last_checkpoint(stages: Stages, tmp_path: Path) -> None:
+    stages.checkpoint.write()
+    stages.replayer.replay(stages.append(("a", NOW)), stages.files.mlog.end)
+    stages.sh.broken = OSError("disk")
+    stages.checkpoint.write()
+    assert json.loads((tmp_path / "checkpoint.json").read_text())["replay_offset"] == 0
+
+
+def test_retention_removes_a_fully_fired_bucket_and_keeps_its_dispatch_a_while(
+    tmp_path: Path,
+) -> None:
+    st = Stages(tmp_path, retain_fired_ms=0, dedupe_window_ms=60_000)
+    try:
+        items = st.append(("a", NOW))
+        st.replayer.replay(items, st.files.mlog.end)
+        b = NOW // BUCKET
+        assert st.loader.step()
+        w = st.sh.wheel
+        with st.sh.sched:
+            assert w.pop_due(NOW, 10)
+            w.dispatched(b, [items[0][0]])
+        st.files.dlog.add(b, [items[0][0]])
+        st.checkpoint.write()
+        st.now = NOW + 2 * BUCKET
+        st.retention.cleanup()
+        assert not st.files.slog.size(b) and b not in w.state
+        assert st.files.dlog.size(b)  # an orphan until the dedupe window has passed
+        assert st.sh.stats["buckets_removed"] == 1
+    finally:
+        st.files.close()
+
+
+# ---------------------------------------------------------------- committer
+def test_committer_back_pressure_and_duplicates(tmp_path: Path) -> None:
+    st = Stages(tmp_path, max_pending_messages=3)
+    committer = Committer(st.sh, st.replayer, lambda: None)
+    t = threading.Thread(target=committer.run)
+    t.start()
+    try:
+        intake = Intake(st.sh.config)
+        msgs = [NewMessage("t", 0, f"m{i}", b"x", NOW + 10**6) for i in range(4)]
+        with pytest.raises(StoreBusyError):
+            committer.submit(msgs, intake.encode(msgs, NOW))
+        assert committer.pending == 0
+        first = committer.submit(msgs[:2], intake.encode(msgs[:2], NOW)).result(10)
+        again = committer.submit(msgs[:2], intake.encode(msgs[:2], NOW)).result(10)
+        assert [r.duplicate for r in first] == [False, False]
+        assert [r.duplicate for r in again] == [True, True]
+        assert committer.pending == 0 and committer.pending_bytes == 0
+    finally:
+        committer.stop()
+        t.join(10)
+        st.files.close()
