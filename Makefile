@@ -16,7 +16,7 @@ $(VENV)/.core-$(SIG): | $(BIN)/python
 	@touch $@
 
 $(VENV)/.full-$(SIG): | $(BIN)/python
-	$(BIN)/python -m pip install -q -e '.[dev,spark,bench]'
+	$(BIN)/python -m pip install -q -e '.[dev,spark,bench,otel]'
 	@touch $@ $(VENV)/.core-$(SIG)
 
 ## setup: install the project with every extra into .venv

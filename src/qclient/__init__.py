@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import logging
 from typing import TYPE_CHECKING, Any
 
 from ._models import (
@@ -31,6 +32,10 @@ if TYPE_CHECKING:
     from .producer import AsyncProducer, Producer
 
 __version__ = "0.1.0"
+
+# A library's logging: records go to the application's handlers; without any, nothing is
+# printed (no "no handlers" warning) and the root logger is never configured here.
+logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 __all__ = [
     "DELAY_LEVELS",

@@ -18,6 +18,7 @@ from types import TracebackType
 import httpx
 import msgspec
 
+from . import _tracing
 from ._models import ReceivedMessage
 from .errors import AuthError, InvalidMessageError, ProducerClosedError, QClientError
 from .protocol import wire
@@ -75,13 +76,15 @@ class Consumer:
         """Up to ``max_messages`` delivered messages, waiting up to ``timeout`` seconds."""
         if max_messages < 1:
             raise ValueError("max_messages must be >= 1")
+        start_ns = time.time_ns()
         with self._lock:
             if self._closed:
                 raise ProducerClosedError("consumer is closed")
             if not self._buffer:
                 self._fetch(max_messages, timeout)
             out, self._buffer = self._buffer[:max_messages], self._buffer[max_messages:]
-            return out
+        _tracing.receive(self.topic, self.group, out, start_ns)
+        return out
 
     def commit(self) -> None:
         """Commit what earlier polls returned now, instead of with the next poll."""

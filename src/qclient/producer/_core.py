@@ -79,6 +79,8 @@ class Item:
     pinned: bool = False
     last_broker: str | None = None
     error: QClientError | None = None
+    #: the message's send span (``_tracing.start_send``), ended with its result
+    trace: Any = None
 
     @property
     def size(self) -> int:

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+from .. import _tracing
 from .._models import Message, MessageBatch, SendResult
 from ..errors import (
     BrokerUnavailableError,
@@ -184,10 +185,16 @@ class AsyncProducer(ProducerBase):
     ) -> SendResult:
         self._check_open()
         wire = self._core.wire(topic, body, key, tags, properties, delay, deliver_at, msg_id)
-        info = await self._info(topic)
-        queue = self._core.select(info, msg_id=msg_id)
-        wire.queue_id = queue.queue_id
-        result = await self._coalescer.send(Item(0, wire, info, queue, msg_id is not None))
+        op = _tracing.start_send(wire)
+        try:
+            info = await self._info(topic)
+            queue = self._core.select(info, msg_id=msg_id)
+            wire.queue_id = queue.queue_id
+            result = await self._coalescer.send(Item(0, wire, info, queue, msg_id is not None))
+        except BaseException as exc:
+            _tracing.end_send(op, exc)
+            raise
+        _tracing.end_send(op, result, self._core.routes.resolve)
         if isinstance(result, QClientError):
             raise result
         return result
@@ -229,15 +236,21 @@ class AsyncProducer(ProducerBase):
         wires, pinned = self._core.prepare(messages)
         if not wires:
             return []
-        infos: dict[str, TopicPublishInfo] = {}
-        for w in wires:
-            if w.topic not in infos:
-                infos[w.topic] = await self._info(w.topic)
-        items = [
-            Item(i, w, infos[w.topic], pinned=p)
-            for i, (w, p) in enumerate(zip(wires, pinned, strict=True))
-        ]
-        results = await run_async(self._core.plan_send(items), self._http, self._slots)
+        op = _tracing.start_batch(wires)
+        try:
+            infos: dict[str, TopicPublishInfo] = {}
+            for w in wires:
+                if w.topic not in infos:
+                    infos[w.topic] = await self._info(w.topic)
+            items = [
+                Item(i, w, infos[w.topic], pinned=p)
+                for i, (w, p) in enumerate(zip(wires, pinned, strict=True))
+            ]
+            results = await run_async(self._core.plan_send(items), self._http, self._slots)
+        except BaseException as exc:
+            _tracing.end_batch(op, exc)
+            raise
+        _tracing.end_batch(op, results, self._core.routes.resolve)
         return batch_outcome(results)
 
     async def cancel(self, result: SendResult) -> bool:

@@ -10,6 +10,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime, timedelta
 from typing import Any
 
+from .. import _tracing
 from .._models import Message, MessageBatch, SendResult
 from ..errors import BrokerUnavailableError, InvalidMessageError, QClientError
 from ..fault.index import ThreadLocalIndex
@@ -116,8 +117,14 @@ class Producer(ProducerBase):
     ) -> SendResult:
         self._check_open()
         wire = self._core.wire(topic, body, key, tags, properties, delay, deliver_at, msg_id)
-        item = Item(0, wire, self._info(topic), pinned=msg_id is not None)
-        (result,) = run_sync(self._core.plan_send([item]), self._http)
+        op = _tracing.start_send(wire)
+        try:
+            item = Item(0, wire, self._info(topic), pinned=msg_id is not None)
+            (result,) = run_sync(self._core.plan_send([item]), self._http)
+        except BaseException as exc:
+            _tracing.end_send(op, exc)
+            raise
+        _tracing.end_send(op, result, self._core.routes.resolve)
         if isinstance(result, QClientError):
             raise result
         return result
@@ -163,15 +170,21 @@ class Producer(ProducerBase):
         wires, pinned = self._core.prepare(messages)
         if not wires:
             return []
-        infos: dict[str, TopicPublishInfo] = {}
-        for w in wires:
-            if w.topic not in infos:
-                infos[w.topic] = self._info(w.topic)
-        items = [
-            Item(i, w, infos[w.topic], None, p)
-            for i, (w, p) in enumerate(zip(wires, pinned, strict=True))
-        ]
-        results = run_sync(self._core.plan_send(items), self._http, self._executor, self._slots)
+        op = _tracing.start_batch(wires)
+        try:
+            infos: dict[str, TopicPublishInfo] = {}
+            for w in wires:
+                if w.topic not in infos:
+                    infos[w.topic] = self._info(w.topic)
+            items = [
+                Item(i, w, infos[w.topic], None, p)
+                for i, (w, p) in enumerate(zip(wires, pinned, strict=True))
+            ]
+            results = run_sync(self._core.plan_send(items), self._http, self._executor, self._slots)
+        except BaseException as exc:
+            _tracing.end_batch(op, exc)
+            raise
+        _tracing.end_batch(op, results, self._core.routes.resolve)
         return batch_outcome(results)
 
     def send_async(self, message: Message) -> Future[SendResult]:
@@ -180,21 +193,25 @@ class Producer(ProducerBase):
         ``max_buffered_messages`` are buffered, then raises ``BufferFullError``."""
         self._check_open()
         wire = self._core.builder.message(message)
-        info = self._info(wire.topic)
-        pinned = message.msg_id is not None
-        queue = self._core.select(info, msg_id=wire.msg_id if pinned else None)
-        sender = self._sender
-        if sender is None:
-            with self._lock:
-                self._check_open()
-                if self._sender is None:
-                    self._sender = Sender(self._core, self._cfg, self._credentials)
-                sender = self._sender
-        future: Future[SendResult] = SendFuture(sender.condition)
-        wire.queue_id = queue.queue_id
-        sender.accumulator.append(
-            Item(0, wire, info, queue, pinned), future, queue.broker_name, self._cfg.send_timeout
-        )
+        op = _tracing.start_send(wire)
+        try:
+            info = self._info(wire.topic)
+            pinned = message.msg_id is not None
+            queue = self._core.select(info, msg_id=wire.msg_id if pinned else None)
+            sender = self._sender
+            if sender is None:
+                with self._lock:
+                    self._check_open()
+                    if self._sender is None:
+                        self._sender = Sender(self._core, self._cfg, self._credentials)
+                    sender = self._sender
+            future: Future[SendResult] = SendFuture(sender.condition)
+            wire.queue_id = queue.queue_id
+            item = Item(0, wire, info, queue, pinned, trace=op)
+            sender.accumulator.append(item, future, queue.broker_name, self._cfg.send_timeout)
+        except BaseException as exc:
+            _tracing.end_send(op, exc)
+            raise
         return future
 
     def cancel(self, result: SendResult) -> bool:

@@ -12,6 +12,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from .. import _tracing
 from .._config import ProducerConfig
 from .._models import SendResult
 from ..errors import ProducerClosedError
@@ -150,6 +151,10 @@ class Sender:
         self._finish(batch, list(results))
 
     def _finish(self, batch: ProducerBatch, results: list[SendResult | BaseException]) -> None:
+        if _tracing.AVAILABLE:
+            ops = [it.trace for it in batch.items]
+            _tracing.end_many(ops, results, self.core.routes.resolve)
+
         def done() -> None:
             try:
                 settle_many(self.condition, batch.futures, results)
