@@ -157,11 +157,17 @@ class ConsumeQueue:
         for i, (pos, _size) in enumerate(entries):
             try:
                 r, _ = rec.decode(data, pos - start)
-            except rec.CorruptRecord:
+            except rec.CorruptRecord as exc:
+                # never handed out with changed bytes; skipped, so the queue's consumers
+                # move on to the offsets after it instead of stopping there for good
                 log.error(
-                    "%s/%d: corrupt record at offset %d", self.topic, self.queue_id, offset + i
+                    "%s/%d: corrupt record at offset %d (%s); skipped",
+                    self.topic,
+                    self.queue_id,
+                    offset + i,
+                    exc,
                 )
-                break
+                continue
             out.append((r, offset + i))
         return out
 

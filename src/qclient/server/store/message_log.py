@@ -5,6 +5,12 @@ its byte offset in the concatenation of the segments (a new segment starts exact
 previous end, so positions are gapless). A record never spans two segments. Reads are
 ``os.pread`` by position. Only the last segment can have a torn tail (a segment is
 fsync'd before the next is created), which :meth:`MessageLog.truncate` cuts off.
+
+A record that fails its CRC with whole records after it is not a torn tail but a corrupt
+record (a bit flip on disk): :meth:`MessageLog.scan` reports and skips it, keeping the
+records after it -- cutting there would drop acknowledged messages. Its position stays
+in the log, so a schedule entry that points at it fails the CRC check when it is due and
+is dropped, never fired with the wrong content.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ class MessageLog:
         self._wfd: int | None = None
         self._graveyard: list[tuple[float, int]] = []  # reader fds of deleted segments
         self.end = 0  # next write position
+        self.corrupt_skipped = 0  # corrupt records that scan() stepped over
 
     # --- open / recovery -----------------------------------------------------------
     def open(self) -> None:
@@ -80,16 +87,18 @@ class MessageLog:
         return out
 
     def scan(self, start: int) -> Iterator[tuple[int, rec.Record | None, int]]:
-        """Yield ``(position, record, length)`` from ``start`` to the end; at a bad record
-        yield ``(position, None, 0)`` and continue with the next segment."""
+        """Yield ``(position, record, length)`` from ``start`` to the end. A corrupt record
+        followed by a whole one is logged, counted in :attr:`corrupt_skipped` and skipped;
+        at a bad tail (nothing whole after it) yield ``(position, None, 0)`` and continue
+        with the next segment."""
         i = max(0, bisect.bisect_right(self._bases, start) - 1)
         for base in self._bases[i:]:
             pos = max(start, base)
-            with open(self.segment_path(base), "rb") as f:
+            path = self.segment_path(base)
+            with open(path, "rb") as f:
                 f.seek(pos - base)
                 buf = b""
                 off = 0
-                bad = False
                 while True:
                     if len(buf) - off < rec.HEADER_SIZE or _need_more(buf, off):
                         more = f.read(_SCAN_CHUNK)
@@ -100,13 +109,26 @@ class MessageLog:
                         continue
                     try:
                         r, n = rec.decode(buf, off)
-                    except rec.CorruptRecord:
-                        bad = True
-                        break
+                    except rec.CorruptRecord as exc:
+                        nxt = _next_whole(f.fileno(), pos - base + 1)
+                        if nxt is None:
+                            break
+                        log.error(
+                            "%s: corrupt record at position %d (%s): %d bytes skipped",
+                            path.name,
+                            pos,
+                            exc,
+                            nxt + base - pos,
+                        )
+                        self.corrupt_skipped += 1
+                        pos = nxt + base
+                        f.seek(nxt)
+                        buf, off = b"", 0
+                        continue
                     yield pos, r, n
                     pos += n
                     off += n
-                if bad or off < len(buf):
+                if off < len(buf):
                     yield pos, None, 0
 
     def truncate(self, position: int) -> None:
@@ -243,6 +265,28 @@ class MessageLog:
             graves, self._graveyard = self._graveyard, []
         for fd in [*fds.values(), *(fd for _, fd in graves)]:
             os.close(fd)
+
+
+def _next_whole(fd: int, start: int) -> int | None:
+    """File offset of the first whole, valid record at or after ``start`` (found by its
+    magic, then checked by length and CRC), or None: the rest of the file is a torn tail."""
+    magic = rec.PRE.pack(rec.MAGIC, 0, 0)[:4]
+    at = start
+    while True:
+        chunk = os.pread(fd, _SCAN_CHUNK + rec.PRE.size, at)
+        if len(chunk) < rec.HEADER_SIZE:
+            return None
+        i = chunk.find(magic)
+        while 0 <= i <= _SCAN_CHUNK:
+            try:
+                size = rec.peek_length(chunk, i)
+                rec.decode(os.pread(fd, size, at + i))
+                return at + i
+            except rec.CorruptRecord:
+                i = chunk.find(magic, i + 1)
+        if len(chunk) <= _SCAN_CHUNK:
+            return None
+        at += _SCAN_CHUNK
 
 
 def _need_more(buf: bytes, off: int) -> bool:
