@@ -28,7 +28,7 @@ from .errors import (
 
 if TYPE_CHECKING:
     from .cluster import LocalCluster
-    from .consumer import Consumer
+    from .consumer import AsyncConsumer, Consumer
     from .producer import AsyncProducer, Producer
 
 __version__ = "0.1.0"
@@ -39,6 +39,7 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 __all__ = [
     "DELAY_LEVELS",
+    "AsyncConsumer",
     "AsyncProducer",
     "AuthError",
     "BrokerUnavailableError",
@@ -65,6 +66,7 @@ _LAZY = {
     "Producer": ".producer",
     "AsyncProducer": ".producer",
     "Consumer": ".consumer",
+    "AsyncConsumer": ".consumer",
     "LocalCluster": ".cluster",
 }
 

@@ -28,6 +28,11 @@ PRINTABLE_128_RE = re.compile(r"^[\x21-\x7e]{1,128}\Z")
 #: message ids: 1-128 printable ASCII characters, no space
 MSG_ID_RE = PRINTABLE_128_RE
 
+#: consumer-group members: ownership lease bounds (ms) and members per (group, topic)
+MIN_GROUP_LEASE_MS = 300
+MAX_GROUP_LEASE_MS = 120_000
+MAX_GROUP_MEMBERS = 1024
+
 # Limits of one message, checked by the SDK before the network and again by the broker.
 MAX_KEY_CHARS = 1024
 MAX_TAGS_CHARS = 256
@@ -56,6 +61,7 @@ NAMESRV_ROUTE = "/v1/routes/{topic}"
 BROKER_SEND = "/v1/send"
 BROKER_CANCEL = "/v1/cancel"
 BROKER_PULL = "/v1/pull"
+BROKER_GROUP_HEARTBEAT = "/v1/groups/heartbeat"
 BROKER_TOPICS = "/v1/topics"
 BROKER_STATS = "/v1/stats"
 HEALTH = "/health"
@@ -239,6 +245,12 @@ class PullRequest(_Base):
     wait_ms: int = 0
     #: offsets to commit first: queue id -> next offset to read
     commits: dict[int, int] = {}
+    #: group member pulling (see GroupHeartbeat); with it the broker commits and serves
+    #: only the queues this member holds, and renews its leases
+    client_id: str | None = None
+    #: with ``client_id``: the queues to read, queue id -> offset to read from (-1: the
+    #: group's committed offset)
+    queues: dict[int, int] = {}
 
 
 class PulledMessage(_Base):
@@ -260,6 +272,36 @@ class PullResponse(_Base):
     messages: list[PulledMessage]
     #: queue id -> next offset after the returned messages (commit these next time)
     next_offsets: dict[int, int] = {}
+    #: group pulls: requested queues this member does not hold (not served, commits for
+    #: them ignored); the member stops reading them until it holds them again
+    lost: list[int] = []
+
+
+class GroupHeartbeat(_Base):
+    """A consumer-group member's lease renewal and queue claim on one broker."""
+
+    topic: str
+    group: str
+    client_id: str
+    #: membership and queue leases last this long without a heartbeat or pull
+    lease_ms: int = 6_000
+    #: every queue of this broker the member wants to hold; held queues not listed are
+    #: released (after ``commits`` are applied)
+    want: list[int] = []
+    #: offsets to commit first (queues this member holds): queue id -> next offset
+    commits: dict[int, int] = {}
+    #: leave the group now (close): releases every queue and the membership
+    leave: bool = False
+
+
+class GroupState(_Base):
+    broker_name: str
+    #: live members of the group on this broker, sorted
+    members: list[str]
+    #: the topic's read queues on this broker
+    queues: int
+    #: queues the member holds after this heartbeat, sorted
+    owned: list[int] = []
 
 
 # --- broker: admin ---------------------------------------------------------------

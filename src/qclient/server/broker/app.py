@@ -29,6 +29,7 @@ from ..store import (
     wall_clock_ms,
 )
 from .config import BrokerConfig
+from .groups import GroupTable, group_heartbeat, group_pull
 from .heartbeat import Heartbeat
 from .topics import TopicRegistry
 
@@ -68,6 +69,7 @@ class Broker:
         self.heartbeat: Heartbeat | None = None
         self.authorizer: Any = None  # set when --auth-file is given
         self._waiters: dict[str, set[asyncio.Future[None]]] = defaultdict(set)
+        self.groups = GroupTable()
         self._loop: asyncio.AbstractEventLoop | None = None
         self.counters: dict[str, int] = defaultdict(int)
 
@@ -434,6 +436,8 @@ class Broker:
                 ErrorCode.TOPIC_NOT_FOUND,
                 f"topic {body.topic!r} does not exist on broker {self.config.name}",
             )
+        if body.client_id is not None:
+            return await group_pull(self, request, body, cfg)
         for queue_id, offset in body.commits.items():
             if not 0 <= queue_id < cfg.read_queue_nums:
                 raise ApiError(
@@ -459,15 +463,22 @@ class Broker:
         return reply(request, wire.PullResponse(self.config.name, messages, next_offsets))
 
     def _read(self, topic: str, group: str, queues: int, limit: int) -> list[wire.PulledMessage]:
-        out: list[wire.PulledMessage] = []
-        if limit <= 0:
-            return out
-        # Fair share per queue first, then fill up from whichever has more.
-        share = max(1, limit // max(1, queues))
         offsets = {q: self.store.committed_offset(group, topic, q) for q in range(queues)}
+        return self.read_from(topic, offsets, limit)
+
+    def read_from(
+        self, topic: str, offsets: dict[int, int], limit: int
+    ) -> list[wire.PulledMessage]:
+        """Up to ``limit`` fired messages of the queues in ``offsets`` (queue -> start)."""
+        out: list[wire.PulledMessage] = []
+        if limit <= 0 or not offsets:
+            return out
+        offsets = dict(offsets)
+        # Fair share per queue first, then fill up from whichever has more.
+        share = max(1, limit // len(offsets))
         size = 0  # issue 6: bound the bytes of one answer too, not only its count
         for rounds in (share, limit):
-            for q in range(queues):
+            for q in sorted(offsets):
                 room = min(rounds, limit - len(out))
                 if room <= 0 or size >= self.config.max_pull_bytes:
                     break
@@ -540,6 +551,7 @@ def create_app(config: BrokerConfig) -> tuple[web.Application, Broker]:
     app.router.add_post(wire.BROKER_SEND, broker.send)
     app.router.add_post(wire.BROKER_CANCEL, broker.cancel)
     app.router.add_post(wire.BROKER_PULL, broker.pull)
+    app.router.add_post(wire.BROKER_GROUP_HEARTBEAT, group_heartbeat)
     app.router.add_post(wire.BROKER_TOPICS, broker.create_topic)
     app.router.add_get(wire.BROKER_TOPICS, broker.list_topics)
     app.router.add_get(wire.BROKER_STATS, broker.stats)

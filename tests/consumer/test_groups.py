@@ -1,0 +1,227 @@
+"""Consumer groups on a real 2-broker cluster: members share the queues, each message
+goes to one member, and a member that closes or dies hands its queues over."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import httpx
+import pytest
+from tests.integration.helpers import wait_until
+
+from qclient import AsyncConsumer, Consumer, LocalCluster, Message, Producer
+from qclient.protocol import wire
+
+SESSION = 1.5  # short leases: a dead member is noticed within ~2 s
+QUEUES = 8  # per broker: 16 queues over the cluster
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with LocalCluster(brokers=2) as c:
+        yield c
+
+
+def create_topic(cluster: LocalCluster, topic: str) -> None:
+    for b in cluster.brokers:
+        resp = httpx.post(
+            f"http://{b.addr}{wire.BROKER_TOPICS}", json={"topic": topic, "queues": QUEUES}
+        )
+        assert resp.status_code == 200, resp.text
+
+    def in_route() -> bool:
+        route = httpx.get(f"http://{cluster.namesrv}/v1/routes/{topic}").json()
+        datas = route.get("queue_datas", [])
+        return len(datas) == 2 and all(q["read_queue_nums"] == QUEUES for q in datas)
+
+    wait_until(in_route, 10, f"route of {topic} on both brokers")
+
+
+def send(cluster: LocalCluster, topic: str, n: int, spread_s: float) -> set[str]:
+    """``n`` messages due from 0.5 s on, evenly over ``spread_s`` seconds."""
+    with Producer(cluster.namesrv) as p:
+        results = p.send_batch(
+            [Message(topic, b"m%d" % i, delay=0.5 + spread_s * i / n) for i in range(n)]
+        )
+    return {r.msg_id for r in results}
+
+
+class Member:
+    """A consumer polling on its own thread, recording what it received."""
+
+    def __init__(self, cluster: LocalCluster, topic: str, group: str = "cg") -> None:
+        self.consumer = Consumer(cluster.namesrv, topic, group, session_timeout=SESSION)
+        self.got: list[str] = []
+        self.closed_at: float | None = None
+        self._stop = threading.Event()
+        self._close = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                if self._close.is_set():  # close between polls: all it returned is done
+                    self.consumer.close()
+                    self.closed_at = time.monotonic()
+                    return
+                self.got.extend(m.msg_id for m in self.consumer.poll(64, timeout=0.2))
+        finally:
+            self.consumer.close()
+
+    def close(self) -> None:
+        self._close.set()
+        self._thread.join(10)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
+def converged(members: list[Member], total: int) -> bool:
+    sizes = [len(m.consumer.assignment()) for m in members]
+    return sum(sizes) == total and all(sizes)
+
+
+def received(members: list[Member]) -> Counter[str]:
+    return Counter(i for m in members for i in m.got)
+
+
+def test_three_members_each_message_once(cluster):
+    create_topic(cluster, "grp3")
+    members = [Member(cluster, "grp3") for _ in range(3)]
+    try:
+        wait_until(lambda: converged(members, 2 * QUEUES), 15, "3 members to share 16 queues")
+        ids = send(cluster, "grp3", 3000, 2.0)
+        wait_until(lambda: len(received(members)) >= 3000, 30, "3000 messages")
+        time.sleep(0.5)  # strays and duplicates would show up now
+    finally:
+        for m in members:
+            m.stop()
+    counts = received(members)
+    assert set(counts) == ids
+    assert max(counts.values()) == 1, "a message reached more than one member"
+    assert all(m.got for m in members)
+
+
+def test_closed_member_hands_its_queues_over(cluster):
+    create_topic(cluster, "grpclose")
+    members = [Member(cluster, "grpclose") for _ in range(3)]
+    try:
+        wait_until(lambda: converged(members, 2 * QUEUES), 15, "3 members to share 16 queues")
+        ids = send(cluster, "grpclose", 3000, 4.0)
+        wait_until(lambda: len(received(members)) >= 600, 20, "the stream to start")
+        members[0].close()
+        assert members[0].closed_at is not None
+        rest = members[1:]
+        wait_until(lambda: converged(rest, 2 * QUEUES), 5, "the others to take its queues")
+        print(f"\nqueues taken over {time.monotonic() - members[0].closed_at:.2f} s after close")
+        wait_until(lambda: len(received(members)) >= 3000, 30, "3000 messages")
+        time.sleep(0.5)
+    finally:
+        for m in members:
+            m.stop()
+    counts = received(members)
+    assert set(counts) == ids
+    assert max(counts.values()) == 1  # a clean close commits: nothing delivered twice
+
+
+def test_killed_member_loses_nothing(cluster, tmp_path: Path):
+    create_topic(cluster, "grpkill")
+    out = (tmp_path / "child.out").open("w+")
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            str(Path(__file__).with_name("_member.py")),
+            cluster.namesrv,
+            "grpkill",
+            "cg",
+            str(SESSION),
+        ],
+        stdout=out,
+        env=os.environ.copy(),
+    )
+    members: list[Member] = []
+    try:
+        wait_until(lambda: Path(out.name).read_text().startswith("ready"), 20, "the child")
+        members = [Member(cluster, "grpkill") for _ in range(2)]
+
+        def child_lines() -> list[list[str]]:
+            lines = Path(out.name).read_text().splitlines()[1:]
+            return [ln.split() for ln in lines if ln]
+
+        wait_until(lambda: converged(members, 2 * QUEUES - 5), 15, "the child to hold its share")
+        ids = send(cluster, "grpkill", 3000, 4.0)
+        wait_until(lambda: sum(len(ln) - 1 for ln in child_lines()) >= 200, 20, "child traffic")
+        child.send_signal(signal.SIGKILL)
+        child.wait(10)
+        killed_at = time.monotonic()
+        wait_until(lambda: converged(members, 2 * QUEUES), 10, "the others to take its queues")
+        taken = time.monotonic() - killed_at
+        wait_until(
+            lambda: (
+                len(received(members) | Counter(i for ln in child_lines() for i in ln[1:])) >= 3000
+            ),
+            30,
+            "3000 messages",
+        )
+        time.sleep(0.5)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(10)
+        for m in members:
+            m.stop()
+    batches = child_lines()
+    child_ids = Counter(i for ln in batches for i in ln[1:])
+    counts = received(members) + child_ids
+    assert set(counts) == ids, f"lost {len(ids - set(counts))}"
+    redelivered = {i for i, n in counts.items() if n > 1}
+    # only what the child held uncommitted comes again: ids it received in its last
+    # polls (a poll commits the one before it, with the next pull to each broker)
+    assert redelivered <= set(child_ids)
+    last = killed_at - 2 * SESSION
+    recent = {i for ln in batches if float(ln[0]) >= last for i in ln[1:]}
+    assert redelivered <= recent
+    print(
+        f"\nkilled member: queues taken over {taken:.2f} s after SIGKILL; "
+        f"{len(redelivered)} redelivered of {sum(child_ids.values())} it had received"
+    )
+
+
+def test_two_groups_each_get_everything(cluster):
+    create_topic(cluster, "grp2")
+    a = Member(cluster, "grp2", group="ga")
+    b = Member(cluster, "grp2", group="gb")
+    try:
+        wait_until(lambda: converged([a], 16) and converged([b], 16), 15, "both groups")
+        ids = send(cluster, "grp2", 300, 0.5)
+        wait_until(lambda: len(set(a.got)) >= 300 and len(set(b.got)) >= 300, 20, "both")
+    finally:
+        a.stop()
+        b.stop()
+    assert set(a.got) == ids == set(b.got)
+
+
+def test_async_consumer_iterates(cluster):
+    create_topic(cluster, "grpasync")
+    ids = send(cluster, "grpasync", 50, 0.2)
+
+    async def main() -> list[str]:
+        got: list[str] = []
+        async with AsyncConsumer(cluster.namesrv, "grpasync", "ga", session_timeout=SESSION) as c:
+            async for m in c.messages(timeout=5.0):
+                got.append(m.msg_id)
+                if len(got) == len(ids):
+                    break
+        return got
+
+    assert set(asyncio.run(main())) == ids
