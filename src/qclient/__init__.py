@@ -31,7 +31,8 @@ if TYPE_CHECKING:
     from .consumer import AsyncConsumer, Consumer
     from .producer import AsyncProducer, Producer
 
-__version__ = "0.1.0"
+    __version__: str
+
 
 # A library's logging: records go to the application's handlers; without any, nothing is
 # printed (no "no handlers" warning) and the root logger is never configured here.
@@ -71,7 +72,20 @@ _LAZY = {
 }
 
 
+def _version() -> str:
+    """The installed distribution's version: pyproject.toml is its one home."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("qclient")
+    except metadata.PackageNotFoundError:  # a source tree that was never installed
+        return "0+unknown"
+
+
 def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        globals()[name] = version = _version()
+        return version
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'qclient' has no attribute {name!r}")

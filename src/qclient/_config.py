@@ -1,4 +1,5 @@
-"""ProducerConfig: every option of ``Producer`` / ``AsyncProducer`` in one validated place."""
+"""Every default in one place: the producers' options (``ProducerConfig``, validated) and
+the servers' and CLI's ``DEFAULT_*`` values."""
 
 from __future__ import annotations
 
@@ -8,13 +9,67 @@ from dataclasses import dataclass, field, fields
 from datetime import timedelta
 from typing import Any
 
-from .protocol.wire import split_addrs
+from .protocol.limits import MAX_DELAY_MS, MAX_MESSAGE_SIZE
+from .protocol.wire import ENCODINGS, split_addrs
 
-__all__ = ["DEFAULT_MAX_DELAY", "ProducerConfig", "parse_addrs"]
+__all__ = [
+    "DEFAULT_BATCH_MAX_BYTES",
+    "DEFAULT_BATCH_MAX_MESSAGES",
+    "DEFAULT_BROKER_EXPIRE",
+    "DEFAULT_BROKER_PORT",
+    "DEFAULT_DETECT_INTERVAL",
+    "DEFAULT_DETECT_TIMEOUT",
+    "DEFAULT_HEARTBEAT_INTERVAL",
+    "DEFAULT_HOST",
+    "DEFAULT_LINGER_MS",
+    "DEFAULT_MAX_BUFFERED_MESSAGES",
+    "DEFAULT_MAX_DELAY",
+    "DEFAULT_MAX_MESSAGE_SIZE",
+    "DEFAULT_NAMESRV_PORT",
+    "DEFAULT_QUEUES",
+    "DEFAULT_RETRY_TIMES",
+    "DEFAULT_ROUTE_REFRESH_INTERVAL",
+    "DEFAULT_SEND_LATENCY_FAULT_ENABLE",
+    "DEFAULT_SEND_TIMEOUT",
+    "DEFAULT_START_DETECTOR_ENABLE",
+    "ProducerConfig",
+    "parse_addrs",
+]
 
-#: the broker's default maximum delay; validated before the network with the same bound
-DEFAULT_MAX_DELAY = timedelta(days=40)
 _MS = timedelta(milliseconds=1)
+
+
+def _fault_tables() -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The latency -> isolation tables, whose home is qclient.fault (imported on first
+    use, so that the servers can read the defaults here without the SDK's HTTP stack)."""
+    from .fault.strategy import LATENCY_MAX_MS, NOT_AVAILABLE_MS
+
+    return LATENCY_MAX_MS, NOT_AVAILABLE_MS
+
+
+# --- the producers' options (Producer and AsyncProducer signatures use these) -------
+DEFAULT_SEND_TIMEOUT = 3.0  # seconds per send, retries included
+DEFAULT_RETRY_TIMES = 2
+DEFAULT_SEND_LATENCY_FAULT_ENABLE = True
+DEFAULT_START_DETECTOR_ENABLE = True
+DEFAULT_DETECT_INTERVAL = 2.0  # seconds between probes of isolated brokers
+DEFAULT_DETECT_TIMEOUT = 0.2  # seconds per probe
+DEFAULT_ROUTE_REFRESH_INTERVAL = 30.0  # seconds
+DEFAULT_MAX_MESSAGE_SIZE = MAX_MESSAGE_SIZE
+DEFAULT_LINGER_MS = 5.0
+DEFAULT_BATCH_MAX_MESSAGES = 256
+DEFAULT_BATCH_MAX_BYTES = 1 << 20
+DEFAULT_MAX_BUFFERED_MESSAGES = 100_000
+#: the broker's default maximum delay; validated before the network with the same bound
+DEFAULT_MAX_DELAY = timedelta(milliseconds=MAX_DELAY_MS)
+
+# --- the servers (and the CLI that starts them) -------------------------------------
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_NAMESRV_PORT = 9876
+DEFAULT_BROKER_PORT = 10911
+DEFAULT_HEARTBEAT_INTERVAL = 30.0  # seconds between broker heartbeats (RocketMQ: 30 s)
+DEFAULT_BROKER_EXPIRE = 120.0  # seconds without one before a broker leaves the routes
+DEFAULT_QUEUES = 4  # queues of an auto-created topic
 
 
 #: ``"h:p,h2:p2"`` or a sequence -> a tuple of addresses (shared with the servers' CLI)
@@ -26,18 +81,18 @@ class ProducerConfig:
     """Options of a producer. The contract's options first, then the SDK's own."""
 
     namesrv: tuple[str, ...]
-    send_timeout: float = 3.0
-    retry_times: int = 2
-    send_latency_fault_enable: bool = True
-    start_detector_enable: bool = True
-    detect_interval: float = 2.0
-    detect_timeout: float = 0.2
-    route_refresh_interval: float = 30.0
-    max_message_size: int = 4 * 1024 * 1024
-    linger_ms: float = 5.0
-    batch_max_messages: int = 256
-    batch_max_bytes: int = 1 << 20
-    max_buffered_messages: int = 100_000
+    send_timeout: float = DEFAULT_SEND_TIMEOUT
+    retry_times: int = DEFAULT_RETRY_TIMES
+    send_latency_fault_enable: bool = DEFAULT_SEND_LATENCY_FAULT_ENABLE
+    start_detector_enable: bool = DEFAULT_START_DETECTOR_ENABLE
+    detect_interval: float = DEFAULT_DETECT_INTERVAL
+    detect_timeout: float = DEFAULT_DETECT_TIMEOUT
+    route_refresh_interval: float = DEFAULT_ROUTE_REFRESH_INTERVAL
+    max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
+    linger_ms: float = DEFAULT_LINGER_MS
+    batch_max_messages: int = DEFAULT_BATCH_MAX_MESSAGES
+    batch_max_bytes: int = DEFAULT_BATCH_MAX_BYTES
+    max_buffered_messages: int = DEFAULT_MAX_BUFFERED_MESSAGES
     access_key: str | None = None
     secret_key: str | None = field(default=None, repr=False)
     # --- beyond the contract ---
@@ -56,9 +111,10 @@ class ProducerConfig:
     max_concurrency: int = 8
     #: batches of send_async in flight per broker at once
     max_in_flight_per_broker: int = 4
-    #: latency -> isolation tables (seed 004)
-    latency_max_ms: tuple[int, ...] = (50, 100, 550, 1800, 3000, 5000, 15000)
-    not_available_ms: tuple[int, ...] = (0, 0, 2000, 5000, 6000, 10000, 30000)
+    #: latency -> isolation tables (a send that took latency_max_ms[i] isolates its
+    #: broker for not_available_ms[i]; see qclient.fault.strategy)
+    latency_max_ms: tuple[int, ...] = field(default_factory=lambda: _fault_tables()[0])
+    not_available_ms: tuple[int, ...] = field(default_factory=lambda: _fault_tables()[1])
     #: an isolating failure is looked up in the table as this much latency
     isolation_latency_ms: int = 10000
 
@@ -90,8 +146,9 @@ class ProducerConfig:
             raise ValueError(f"retry_times must be an int, got {self.retry_times!r}")
         if (self.access_key is None) != (self.secret_key is None):
             raise ValueError("access_key and secret_key must be given together")
-        if self.encoding not in ("msgpack", "json"):
-            raise ValueError(f"encoding must be 'msgpack' or 'json', got {self.encoding!r}")
+        if self.encoding not in ENCODINGS:
+            names = " or ".join(repr(e) for e in ENCODINGS)
+            raise ValueError(f"encoding must be {names}, got {self.encoding!r}")
         if len(self.latency_max_ms) != len(self.not_available_ms):
             raise ValueError("latency_max_ms and not_available_ms must have the same length")
         if not isinstance(self.max_delay, timedelta) or self.max_delay <= timedelta(0):

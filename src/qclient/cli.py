@@ -19,6 +19,17 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, NoReturn
 
+import qclient
+
+from ._config import (
+    DEFAULT_BROKER_EXPIRE,
+    DEFAULT_BROKER_PORT,
+    DEFAULT_HEARTBEAT_INTERVAL,
+    DEFAULT_HOST,
+    DEFAULT_MAX_DELAY,
+    DEFAULT_NAMESRV_PORT,
+    DEFAULT_QUEUES,
+)
 from .errors import QClientError
 
 log = logging.getLogger("qclient.cli")
@@ -321,13 +332,21 @@ def _add_auth(p: argparse.ArgumentParser) -> None:
 
 
 def _add_server(p: argparse.ArgumentParser, port: int) -> None:
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--host", default=DEFAULT_HOST, help="address to listen on")
     p.add_argument("--port", type=int, default=port, help="port (0 = a free one)")
     p.add_argument("--tls-cert", help="serve HTTPS with this certificate (PEM)")
     p.add_argument("--tls-key", help="private key of --tls-cert (PEM)")
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--ready-file", help=argparse.SUPPRESS)
     p.add_argument("--exit-with-parent", type=int, help=argparse.SUPPRESS)
+
+
+class _Version(argparse.Action):
+    """``--version``, reading the installed version only when asked."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any) -> None:
+        print(f"qclient {qclient.__version__}")
+        parser.exit()
 
 
 class _Parser(argparse.ArgumentParser):
@@ -341,21 +360,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="qclient", description="Delayed messages: SDK, name server, delay broker."
     )
-    parser.add_argument("--version", action="version", version="qclient 0.1.0")
+    parser.add_argument("--version", action=_Version, nargs=0, help="show the version and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("namesrv", help="run a name server in the foreground")
-    _add_server(p, 9876)
+    _add_server(p, DEFAULT_NAMESRV_PORT)
     p.add_argument(
         "--heartbeat-interval",
         type=float,
-        default=30.0,
+        default=DEFAULT_HEARTBEAT_INTERVAL,
         help="seconds between broker heartbeats the brokers are told to use",
     )
     p.add_argument(
         "--broker-expire",
         type=float,
-        default=120.0,
+        default=DEFAULT_BROKER_EXPIRE,
         help="seconds without a heartbeat after which a broker leaves the routes",
     )
     p.add_argument(
@@ -367,19 +386,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", required=True)
     p.add_argument("--data-dir", required=True)
     p.add_argument("--namesrv", required=True, help="HOST:PORT[,HOST:PORT]")
-    _add_server(p, 10911)
+    _add_server(p, DEFAULT_BROKER_PORT)
     p.add_argument("--advertise-addr", help="HOST:PORT registered with the name servers")
     p.add_argument("--read-only", action="store_true", help="register without the write perm")
     p.add_argument("--auth-file", help="accept only signed requests of these accounts")
     p.add_argument("--tls-ca", help="CA bundle (PEM) that verifies https:// name servers")
     p.add_argument("--no-auto-create-topics", action="store_true")
-    p.add_argument("--default-queues", type=int, default=4)
-    p.add_argument("--heartbeat-interval", type=float, default=30.0, help="seconds")
+    p.add_argument("--default-queues", type=int, default=DEFAULT_QUEUES)
+    p.add_argument(
+        "--heartbeat-interval", type=float, default=DEFAULT_HEARTBEAT_INTERVAL, help="seconds"
+    )
     p.add_argument(
         "--max-delay",
         type=parse_duration,
-        default=40 * 86400.0,
-        help="longest accepted delay (default 40d)",
+        default=DEFAULT_MAX_DELAY.total_seconds(),
+        help=f"longest accepted delay (default {DEFAULT_MAX_DELAY.days}d)",
     )
     p.add_argument(
         "--store-option",
@@ -393,8 +414,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("dev", help="run a name server and N brokers until Ctrl-C")
     p.add_argument("--brokers", type=int, default=2)
     p.add_argument("--data-dir")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=9876, help="name server port (0 = free)")
+    p.add_argument("--host", default=DEFAULT_HOST)
+    p.add_argument(
+        "--port", type=int, default=DEFAULT_NAMESRV_PORT, help="name server port (0 = free)"
+    )
     p.add_argument("--heartbeat-interval", type=float, default=5.0)
     p.set_defaults(func=cmd_dev)
 
@@ -432,7 +455,7 @@ def build_parser() -> argparse.ArgumentParser:
     tsub = p.add_subparsers(dest="topic_command", required=True, metavar="ACTION")
     tc = tsub.add_parser("create", help="create a topic on every broker")
     tc.add_argument("--namesrv", required=True)
-    tc.add_argument("--queues", type=int, default=4)
+    tc.add_argument("--queues", type=int, default=DEFAULT_QUEUES)
     _add_auth(tc)
     tc.add_argument("topic")
     tc.set_defaults(func=cmd_topic_create)

@@ -24,6 +24,7 @@ from typing import Any
 
 import httpx
 
+from ._config import DEFAULT_HOST
 from .errors import QClientError
 from .protocol import wire
 
@@ -54,7 +55,7 @@ class NodeHandle:
         role: str,
         args: list[str],
         workdir: Path,
-        host: str = "127.0.0.1",
+        host: str = DEFAULT_HOST,
         port: int = 0,
         scheme: str = "http",
         env: Mapping[str, str] | None = None,
@@ -187,7 +188,7 @@ class LocalCluster:
         *,
         namesrv_count: int = 1,
         namesrv_port: int = 0,
-        host: str = "127.0.0.1",
+        host: str = DEFAULT_HOST,
         heartbeat_interval: float = 1.0,
         broker_expire: float | None = None,
         read_only: Sequence[str] = (),

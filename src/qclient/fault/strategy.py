@@ -16,7 +16,8 @@ __all__ = ["LATENCY_MAX_MS", "NOT_AVAILABLE_MS", "MQFaultStrategy"]
 
 log = logging.getLogger(__name__)
 
-#: seed 004: a send that took at least latency_max[i] ms isolates for not_available[i] ms
+#: a send that took at least LATENCY_MAX_MS[i] isolates its broker for NOT_AVAILABLE_MS[i]
+#: (RocketMQ's MQFaultStrategy tables; the one home of these defaults)
 LATENCY_MAX_MS = (50, 100, 550, 1800, 3000, 5000, 15000)
 NOT_AVAILABLE_MS = (0, 0, 2000, 5000, 6000, 10000, 30000)
 

@@ -33,8 +33,7 @@ from ..fault.strategy import MQFaultStrategy
 from ..protocol.wire import (
     BROKER_CANCEL,
     BROKER_SEND,
-    JSON,
-    MSGPACK,
+    ENCODINGS,
     RETRYABLE_CODES,
     SEND_OK,
     CancelRequest,
@@ -219,7 +218,7 @@ class ProducerCore:
         )
         self.routes = RouteCache(cfg.route_refresh_interval, index_factory)
         self.stats = Stats()
-        self.content_type = MSGPACK if cfg.encoding == "msgpack" else JSON
+        self.content_type = ENCODINGS[cfg.encoding]
         # The retry policy: 1 + retry_times attempts inside one send_timeout budget,
         # jittered exponential pauses (a few ms: the next attempt goes to another broker).
         self.retrying = tenacity.Retrying(

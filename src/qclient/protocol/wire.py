@@ -328,15 +328,33 @@ class Health(_Base):
 
 T = TypeVar("T")
 
-_json_encoder = msgspec.json.Encoder()
-_msgpack_encoder = msgspec.msgpack.Encoder()
+#: every wire encoding: media type -> (encoder, decoder class). JSON is the default for
+#: a body whose Content-Type names no known encoding. A new encoding is one entry here
+#: plus its name in ENCODINGS.
+_CODECS: dict[str, tuple[Any, Any]] = {
+    JSON: (msgspec.json.Encoder(), msgspec.json.Decoder),
+    MSGPACK: (msgspec.msgpack.Encoder(), msgspec.msgpack.Decoder),
+}
+#: the media types a server accepts
+MEDIA_TYPES = tuple(_CODECS)
+#: the encodings by the name a producer's ``encoding`` option uses
+ENCODINGS: dict[str, str] = {"msgpack": MSGPACK, "json": JSON}
+
+
+def media_type(content_type: str | None) -> str:
+    """The encoding a Content-Type (parameters allowed) names; JSON if none is known."""
+    if content_type:
+        for mt in _CODECS:
+            if content_type.startswith(mt):
+                return mt
+    return JSON
 
 
 def encode(obj: Any, content_type: str = JSON) -> bytes:
-    """Encode a wire struct as JSON or MessagePack."""
-    if content_type == MSGPACK:
-        return _msgpack_encoder.encode(obj)
-    return _json_encoder.encode(obj)
+    """Encode a wire struct in the encoding ``content_type`` names."""
+    codec = _CODECS.get(content_type) or _CODECS[media_type(content_type)]
+    result: bytes = codec[0].encode(obj)
+    return result
 
 
 _decoders: dict[tuple[type, str], Any] = {}
@@ -344,11 +362,10 @@ _decoders: dict[tuple[type, str], Any] = {}
 
 def decode(data: bytes, typ: type[T], content_type: str = JSON) -> T:
     """Decode and validate; raises ``msgspec.ValidationError`` / ``DecodeError``."""
-    key = (typ, MSGPACK if content_type.startswith(MSGPACK) else JSON)
+    key = (typ, media_type(content_type))
     dec = _decoders.get(key)
     if dec is None:
-        dec = msgspec.msgpack.Decoder(typ) if key[1] == MSGPACK else msgspec.json.Decoder(typ)
-        _decoders[key] = dec
+        dec = _decoders[key] = _CODECS[key[1]][1](typ)
     try:
         result: T = dec.decode(data)
     except UnicodeDecodeError as exc:

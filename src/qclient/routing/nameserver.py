@@ -14,7 +14,6 @@ from urllib.parse import quote
 import httpx
 import msgspec
 
-from .._config import parse_addrs
 from ..errors import InvalidMessageError, NameServerUnavailableError, RouteNotFoundError
 from ..protocol.wire import (
     HEALTH,
@@ -26,6 +25,7 @@ from ..protocol.wire import (
     Health,
     TopicRoute,
     decode,
+    split_addrs,
     valid_topic,
 )
 from ..transport.errors import parse_error_response
@@ -45,7 +45,7 @@ class _NameServerCore:
     """Failover order and answer interpretation, shared by the sync and async clients."""
 
     def __init__(self, addrs: str | Sequence[str], timeout: float) -> None:
-        self.addrs = parse_addrs(addrs)
+        self.addrs = split_addrs(addrs)
         self.timeout = timeout
         self._current = 0  # the server that answered last is asked first
 

@@ -47,12 +47,12 @@ def error_response(
     status: int, code: str, message: str, content_type: str = wire.JSON
 ) -> web.Response:
     body = wire.ErrorResponse(wire.ErrorBody(code=code, message=_one_line(message)))
-    ct = wire.MSGPACK if content_type == wire.MSGPACK else wire.JSON
+    ct = wire.media_type(content_type)
     return web.Response(status=status, body=wire.encode(body, ct), content_type=ct)
 
 
 def response_type(request: web.Request) -> str:
-    return wire.MSGPACK if request.content_type == wire.MSGPACK else wire.JSON
+    return wire.media_type(request.content_type)
 
 
 def reply(request: web.Request, obj: Any, status: int = 200) -> web.Response:
@@ -63,11 +63,11 @@ def reply(request: web.Request, obj: Any, status: int = 200) -> web.Response:
 async def read_body(request: web.Request, typ: type[T]) -> T:
     """Read and schema-check a JSON or MessagePack body."""
     ct = request.content_type
-    if ct not in (wire.JSON, wire.MSGPACK):
+    if ct not in wire.MEDIA_TYPES:
         raise ApiError(
             415,
             ErrorCode.UNSUPPORTED_MEDIA_TYPE,
-            f"Content-Type must be {wire.JSON} or {wire.MSGPACK}, got {ct!r}",
+            f"Content-Type must be {' or '.join(wire.MEDIA_TYPES)}, got {ct!r}",
         )
     data = await request.read()
     if not data:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import httpx
 
 from ..protocol import auth
-from ..protocol.wire import JSON, MSGPACK, base_url
+from ..protocol.wire import JSON, MSGPACK, base_url, media_type
 
 __all__ = ["AioHttp", "AsyncHttp", "Credentials", "HttpResponse", "SyncHttp", "base_url"]
 
@@ -48,7 +48,7 @@ class HttpResponse:
 
     @property
     def media_type(self) -> str:
-        return MSGPACK if self.content_type.startswith(MSGPACK) else JSON
+        return media_type(self.content_type)
 
 
 def _timeout(seconds: float) -> httpx.Timeout:

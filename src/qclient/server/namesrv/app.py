@@ -12,6 +12,12 @@ from typing import Any
 
 from aiohttp import web
 
+from ..._config import (
+    DEFAULT_BROKER_EXPIRE,
+    DEFAULT_HEARTBEAT_INTERVAL,
+    DEFAULT_HOST,
+    DEFAULT_NAMESRV_PORT,
+)
 from ...protocol import wire
 from ...protocol.wire import ErrorCode
 from .._http import ApiError, make_app, read_body, reply, serve, ssl_context
@@ -56,12 +62,12 @@ def _check_registration(reg: wire.BrokerRegistration) -> None:
 
 @dataclass
 class NameServerConfig:
-    host: str = "127.0.0.1"
-    port: int = 9876
-    #: what brokers are told to use (RocketMQ: 30 s)
-    heartbeat_interval_ms: int = 30_000
-    #: a broker without a heartbeat for this long leaves every route (RocketMQ: 120 s)
-    broker_expire_ms: int = 120_000
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_NAMESRV_PORT
+    #: what brokers are told to use
+    heartbeat_interval_ms: int = int(DEFAULT_HEARTBEAT_INTERVAL * 1000)
+    #: a broker without a heartbeat for this long leaves every route
+    broker_expire_ms: int = int(DEFAULT_BROKER_EXPIRE * 1000)
     max_request_bytes: int = 8 << 20
     tls_cert: str | None = None
     tls_key: str | None = None

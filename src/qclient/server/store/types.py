@@ -7,6 +7,8 @@ from pathlib import Path
 
 import msgspec
 
+from qclient.protocol.limits import MAX_DELAY_MS
+
 
 @dataclass
 class StoreConfig:
@@ -16,7 +18,7 @@ class StoreConfig:
     segment_bytes: int = 256 << 20  # message-log segment size
     bucket_ms: int = 3_600_000  # schedule-log time bucket (fixed at creation, see meta.json)
     load_ahead_ms: int = 1_800_000  # load a bucket into the wheel this long before it starts
-    max_delay_ms: int = 40 * 86_400_000
+    max_delay_ms: int = MAX_DELAY_MS
     dedupe_window_ms: int = 3_600_000  # msg ids remembered this long ...
     dedupe_max_ids: int = 500_000  # ... and at most this many (oldest evicted)
     fsync: bool = True  # False only for tests/benchmarks that say so
