@@ -159,6 +159,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
         tls_ca=args.tls_ca,
         ready_file=args.ready_file,
         exit_with_parent=args.exit_with_parent,
+        **({} if args.min_free_mb is None else {"min_free_bytes": int(args.min_free_mb * 2**20)}),
     )
     _run_server(run(cfg))
     return 0
@@ -395,6 +396,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--default-queues", type=int, default=DEFAULT_QUEUES)
     p.add_argument(
         "--heartbeat-interval", type=float, default=DEFAULT_HEARTBEAT_INTERVAL, help="seconds"
+    )
+    p.add_argument(
+        "--min-free-mb",
+        type=float,
+        help="refuse sends (DISK_FULL) below this much free space in --data-dir (0: never)",
     )
     p.add_argument(
         "--max-delay",

@@ -84,6 +84,7 @@ class ErrorCode:
     NOT_WRITABLE = "NOT_WRITABLE"  # read-only broker, or topic without the write perm
     BROKER_BUSY = "BROKER_BUSY"  # back-pressure: too much pending
     STORE_ERROR = "STORE_ERROR"  # the store could not make the message durable
+    DISK_FULL = "DISK_FULL"  # the broker's data directory is (nearly) out of space
     SHUTTING_DOWN = "SHUTTING_DOWN"
     UNAUTHORIZED = "UNAUTHORIZED"  # missing / wrong / expired / replayed signature
     FORBIDDEN = "FORBIDDEN"  # signed, but the account may not use the topic
@@ -97,6 +98,7 @@ RETRYABLE_CODES = frozenset(
         ErrorCode.BROKER_BUSY,
         ErrorCode.NOT_WRITABLE,
         ErrorCode.STORE_ERROR,
+        ErrorCode.DISK_FULL,  # other brokers have space; this one again once it is freed
         ErrorCode.SHUTTING_DOWN,
         ErrorCode.TOPIC_NOT_FOUND,  # stale route: the topic lives on other brokers
         ErrorCode.INTERNAL,

@@ -21,6 +21,7 @@ from ...protocol.wire import ErrorCode
 from .._http import ApiError, make_app, read_body, reply, serve, ssl_context
 from ..store import (
     DelayStore,
+    DiskFullError,
     InvalidRecordError,
     NewMessage,
     StoreBusyError,
@@ -29,6 +30,7 @@ from ..store import (
     wall_clock_ms,
 )
 from .config import BrokerConfig
+from .disk import DiskGuard
 from .groups import GroupTable, group_heartbeat, group_pull
 from .heartbeat import Heartbeat
 from .topics import TopicRegistry
@@ -65,6 +67,7 @@ class Broker:
             data_dir=data_dir / "store", max_delay_ms=config.max_delay_ms, **tunables
         )
         self.store = DelayStore(store_cfg)
+        self.disk = DiskGuard(str(data_dir), config.min_free_bytes, config.name)
         self.perm = wire.PERM_READ if config.read_only else wire.PERM_READ_WRITE
         self.heartbeat: Heartbeat | None = None
         self.authorizer: Any = None  # set when --auth-file is given
@@ -307,6 +310,7 @@ class Broker:
         self.authorize(request, set(topic_names))
         if self.config.read_only:
             raise ApiError(403, ErrorCode.NOT_WRITABLE, f"broker {self.config.name} is read-only")
+        self.disk.check()
         configs = {t: self.ensure_topic(t) for t in topic_names}
         results: list[wire.MessageResult]
         slots: list[wire.MessageResult | None] = []  # by message, when some are refused
@@ -359,6 +363,8 @@ class Broker:
                 )
             except StoreBusyError as exc:
                 raise ApiError(503, ErrorCode.BROKER_BUSY, f"broker busy: {exc}") from None
+            except DiskFullError as exc:
+                raise ApiError(507, ErrorCode.DISK_FULL, f"disk full: {exc}") from None
             except InvalidRecordError as exc:  # issue 6: bad input, not a store failure
                 raise ApiError(400, ErrorCode.INVALID_MESSAGE, str(exc)) from None
             except StoreError as exc:
@@ -533,6 +539,7 @@ class Broker:
     async def stats(self, request: web.Request) -> web.Response:
         data: dict[str, Any] = {"broker_name": self.config.name, **self.counters}
         data["store"] = self.store.stats()
+        data["disk"] = {"free_bytes": self.disk.free_bytes(), "refusals": self.disk.refusals}
         if self.authorizer is not None:  # issue 6: refusals by reason (no secrets)
             data["auth"] = self.authorizer.stats()
         return reply(request, data)

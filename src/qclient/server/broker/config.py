@@ -30,6 +30,9 @@ class BrokerConfig:
     max_pull_wait_ms: int = 30_000
     #: one pull answer stops growing past this many body bytes (at least 1 message)
     max_pull_bytes: int = 16 * 1024 * 1024
+    #: sends are refused (507 DISK_FULL, retryable) below this much free space in the data
+    #: directory; the rest keeps firing, dispatch and checkpoint writes going (0: no check)
+    min_free_bytes: int = 256 * 1024 * 1024
     # store tunables (see qclient.server.store.StoreConfig)
     store: dict[str, int | bool] = field(default_factory=dict)
     tls_cert: str | None = None

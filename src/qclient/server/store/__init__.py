@@ -3,6 +3,7 @@
 from qclient.server.store.store import DelayStore, wall_clock_ms
 from qclient.server.store.types import (
     CancelOutcome,
+    DiskFullError,
     FiredMessage,
     InvalidRecordError,
     NewMessage,
@@ -15,6 +16,7 @@ from qclient.server.store.types import (
 __all__ = [
     "CancelOutcome",
     "DelayStore",
+    "DiskFullError",
     "FiredMessage",
     "InvalidRecordError",
     "NewMessage",

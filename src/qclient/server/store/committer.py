@@ -8,6 +8,7 @@ remembered in the dedupe table.
 
 from __future__ import annotations
 
+import errno
 import logging
 import threading
 from collections.abc import Callable
@@ -20,6 +21,7 @@ from qclient.server.store._shared import LOCK_CHUNK, Shared
 from qclient.server.store.replay import Replayer
 from qclient.server.store.types import (
     CancelOutcome,
+    DiskFullError,
     NewMessage,
     StoreBusyError,
     StoreError,
@@ -29,6 +31,7 @@ from qclient.server.store.types import (
 log = logging.getLogger(__name__)
 
 _MSG = rec.KIND_MESSAGE
+_NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 
 
 class Entry(msgspec.Struct, eq=False):
@@ -211,7 +214,10 @@ class Committer:
                     mlog.truncate(start)
                 except OSError as exc2:
                     sh.broken = exc2
-                self._fail(group, StoreError(f"message log write failed: {exc}"))
+                err = StoreError(f"message log write failed: {exc}")
+                if exc.errno in _NO_SPACE:
+                    err = DiskFullError(f"no space left for the message log: {exc}")
+                self._fail(group, err)
                 return
             stats["fsyncs"] += 1
             stats["groups"] += 1

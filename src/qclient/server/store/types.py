@@ -86,6 +86,11 @@ class StoreError(Exception):
     """The store cannot do what was asked (closed, I/O failure, corrupt state)."""
 
 
+class DiskFullError(StoreError):
+    """The message log could not be written for lack of space (ENOSPC, EDQUOT, EFBIG);
+    nothing of the failed group is kept. Retry later or elsewhere."""
+
+
 class StoreBusyError(StoreError):
     """Too many messages pending the group commit; retry later (back-pressure)."""
 
