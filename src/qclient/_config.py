@@ -25,6 +25,7 @@ __all__ = [
     "DEFAULT_MAX_BUFFERED_MESSAGES",
     "DEFAULT_MAX_DELAY",
     "DEFAULT_MAX_MESSAGE_SIZE",
+    "DEFAULT_MIN_FREE_MB",
     "DEFAULT_NAMESRV_PORT",
     "DEFAULT_QUEUES",
     "DEFAULT_RETRY_TIMES",
@@ -70,6 +71,9 @@ DEFAULT_BROKER_PORT = 10911
 DEFAULT_HEARTBEAT_INTERVAL = 30.0  # seconds between broker heartbeats (RocketMQ: 30 s)
 DEFAULT_BROKER_EXPIRE = 120.0  # seconds without one before a broker leaves the routes
 DEFAULT_QUEUES = 4  # queues of an auto-created topic
+#: a broker refuses sends below this much free space (MiB) in its data directory; the
+#: reserve keeps firing, dispatch and checkpoint writes going (RocketMQ refuses at 90 %)
+DEFAULT_MIN_FREE_MB = 256.0
 
 
 #: ``"h:p,h2:p2"`` or a sequence -> a tuple of addresses (shared with the servers' CLI)

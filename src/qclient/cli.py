@@ -27,6 +27,7 @@ from ._config import (
     DEFAULT_HEARTBEAT_INTERVAL,
     DEFAULT_HOST,
     DEFAULT_MAX_DELAY,
+    DEFAULT_MIN_FREE_MB,
     DEFAULT_NAMESRV_PORT,
     DEFAULT_QUEUES,
 )
@@ -159,7 +160,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
         tls_ca=args.tls_ca,
         ready_file=args.ready_file,
         exit_with_parent=args.exit_with_parent,
-        **({} if args.min_free_mb is None else {"min_free_bytes": int(args.min_free_mb * 2**20)}),
+        min_free_bytes=int(args.min_free_mb * 2**20),
     )
     _run_server(run(cfg))
     return 0
@@ -400,6 +401,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--min-free-mb",
         type=float,
+        default=DEFAULT_MIN_FREE_MB,
         help="refuse sends (DISK_FULL) below this much free space in --data-dir (0: never)",
     )
     p.add_argument(

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..._config import DEFAULT_BROKER_PORT, DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HOST, DEFAULT_QUEUES
+from ..._config import (
+    DEFAULT_BROKER_PORT,
+    DEFAULT_HEARTBEAT_INTERVAL,
+    DEFAULT_HOST,
+    DEFAULT_MIN_FREE_MB,
+    DEFAULT_QUEUES,
+)
 from ...protocol.limits import MAX_DELAY_MS, MAX_MESSAGE_SIZE
 
 
@@ -31,8 +37,8 @@ class BrokerConfig:
     #: one pull answer stops growing past this many body bytes (at least 1 message)
     max_pull_bytes: int = 16 * 1024 * 1024
     #: sends are refused (507 DISK_FULL, retryable) below this much free space in the data
-    #: directory; the rest keeps firing, dispatch and checkpoint writes going (0: no check)
-    min_free_bytes: int = 256 * 1024 * 1024
+    #: directory (0: no check)
+    min_free_bytes: int = int(DEFAULT_MIN_FREE_MB * 2**20)
     # store tunables (see qclient.server.store.StoreConfig)
     store: dict[str, int | bool] = field(default_factory=dict)
     tls_cert: str | None = None
