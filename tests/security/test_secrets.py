@@ -11,11 +11,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from qclient import AsyncProducer, Consumer, LocalCluster, Message, Producer
 from qclient._config import ProducerConfig
 from qclient.errors import AuthError, BatchSendError, QClientError
+from qclient.protocol import wire
 from qclient.server._auth import Account, AuthFile, AuthFileError, Authorizer
 from qclient.transport.http import Credentials
 
@@ -110,6 +112,11 @@ def test_secrets_stay_out_of_logs_reprs_errors_and_stats(
         stats = broker_stats(c.brokers[0].addr)
         assert stats["auth"]["refused"]["bad_signature"] >= 1
         texts.append(("broker stats", json.dumps(stats)))
+        for node in (c.brokers[0], c.namesrv_node):
+            r = httpx.get(f"http://{node.addr}{wire.METRICS}", timeout=5.0, trust_env=False)
+            assert r.status_code == 200  # open like /health, with --auth-file too
+            texts.append((f"{node.name} metrics", r.text))
+        assert 'status="401"' in texts[-2][1]  # refused requests are counted
         broker_log = c.data_dir / f"{c.brokers[0].name}.log"
         namesrv_log = c.data_dir / f"{c.namesrv_node.name}.log"
         texts += [

@@ -65,6 +65,8 @@ BROKER_GROUP_HEARTBEAT = "/v1/groups/heartbeat"
 BROKER_TOPICS = "/v1/topics"
 BROKER_STATS = "/v1/stats"
 HEALTH = "/health"
+#: Prometheus text format; open like /health (no message content, no credentials)
+METRICS = "/metrics"
 
 
 class ErrorCode:

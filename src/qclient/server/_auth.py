@@ -49,7 +49,7 @@ log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 #: paths served without a signature (the producers' detector probes them)
-OPEN_PATHS = frozenset({wire.HEALTH})
+OPEN_PATHS = frozenset({wire.HEALTH, wire.METRICS})
 #: a topic pattern: topic characters and ``*``
 _PATTERN_RE = re.compile(r"^[A-Za-z0-9_%|*-]{1,127}\Z")
 _NONCE_RE = re.compile(r"^[\x21-\x7e]{8,64}\Z")
@@ -357,7 +357,7 @@ def auth_middleware(
     paths: Iterable[str] | None = None,
     accounts: Mapping[str, Account] | None = None,
 ) -> Any:
-    """aiohttp middleware: every request except ``/health`` must be signed.
+    """aiohttp middleware: every request except ``/health`` and ``/metrics`` must be signed.
 
     ``paths`` limits the check to those paths (the name server's write endpoints);
     ``accounts`` replaces who may sign (the name server: :meth:`Authorizer.signers`).

@@ -60,6 +60,11 @@ def reply(request: web.Request, obj: Any, status: int = 200) -> web.Response:
     return web.Response(status=status, body=wire.encode(obj, ct), content_type=ct)
 
 
+def text_reply(request: web.Request, body: bytes, content_type: str) -> web.Response:
+    """A 200 with a body that is not a protocol message (``/metrics``' text format)."""
+    return web.Response(body=body, headers={"Content-Type": content_type})
+
+
 async def read_body(request: web.Request, typ: type[T]) -> T:
     """Read and schema-check a JSON or MessagePack body."""
     ct = request.content_type

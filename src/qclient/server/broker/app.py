@@ -15,10 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from prometheus_client import CollectorRegistry
 
 from ...protocol import wire
 from ...protocol.wire import ErrorCode
 from .._http import ApiError, make_app, read_body, reply, serve, ssl_context
+from ..metrics import BrokerCollector, metrics_handler, request_metrics_middleware
 from ..store import (
     DelayStore,
     DiskFullError,
@@ -547,7 +549,10 @@ class Broker:
 
 def create_app(config: BrokerConfig) -> tuple[web.Application, Broker]:
     broker = Broker(config)
-    middlewares: list[Any] = []
+    registry = CollectorRegistry()
+    registry.register(BrokerCollector(broker))
+    # outside the auth check: refused requests are counted too
+    middlewares: list[Any] = [request_metrics_middleware(registry)]
     if config.auth_file:
         from .._auth import Authorizer, auth_middleware
 
@@ -563,6 +568,7 @@ def create_app(config: BrokerConfig) -> tuple[web.Application, Broker]:
     app.router.add_get(wire.BROKER_TOPICS, broker.list_topics)
     app.router.add_get(wire.BROKER_STATS, broker.stats)
     app.router.add_get(wire.HEALTH, broker.health)
+    app.router.add_get(wire.METRICS, metrics_handler(registry))
     return app, broker
 
 

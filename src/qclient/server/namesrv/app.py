@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
+from prometheus_client import CollectorRegistry
 
 from ..._config import (
     DEFAULT_BROKER_EXPIRE,
@@ -21,6 +22,7 @@ from ..._config import (
 from ...protocol import wire
 from ...protocol.wire import ErrorCode
 from .._http import ApiError, make_app, read_body, reply, serve, ssl_context
+from ..metrics import NameServerMetrics, metrics_handler, request_metrics_middleware
 from .route_table import RouteTable
 
 log = logging.getLogger(__name__)
@@ -79,7 +81,9 @@ class NameServerConfig:
 
 def create_app(config: NameServerConfig) -> web.Application:
     table = RouteTable(config.broker_expire_ms)
-    middlewares: list[Any] = []
+    registry = CollectorRegistry()
+    metrics = NameServerMetrics(registry, table)
+    middlewares: list[Any] = [request_metrics_middleware(registry)]
     if config.auth_file:  # issue 6: only the write endpoints; routes stay open to readers
         from .._auth import Authorizer, auth_middleware
 
@@ -126,6 +130,7 @@ def create_app(config: NameServerConfig) -> web.Application:
                 f"invalid topic name {topic!r}: must match {wire.TOPIC_PATTERN}",
             )
         found = table.route(topic)
+        metrics.route_lookup(found is not None)
         if found is None:
             raise ApiError(
                 404,
@@ -139,6 +144,7 @@ def create_app(config: NameServerConfig) -> web.Application:
         return reply(request, wire.Health(status="ok", name="namesrv", role="namesrv"))
 
     app.add_routes(routes)
+    app.router.add_get(wire.METRICS, metrics_handler(registry))
 
     async def expiry_loop(app: web.Application) -> None:
         interval = max(0.05, min(config.broker_expire_ms / 4000, 10.0))

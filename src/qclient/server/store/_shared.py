@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from qclient.server.store.dedupe import DedupeTable
 from qclient.server.store.files import StoreFiles
+from qclient.server.store.histogram import FSYNC_BOUNDS_S, LATENESS_BOUNDS_MS, Histogram
 from qclient.server.store.types import StoreConfig
 from qclient.server.store.wheel import Wheel
 
@@ -41,6 +42,13 @@ class Shared:
         self.sched = threading.Lock()
         self.fire_cv = threading.Condition(self.sched)  # notified when a sooner entry is due
         self.stats: collections.Counter[str] = collections.Counter()
+        #: fired_at - deliver_at of every fired message (ms), for /metrics
+        self.lateness = Histogram(LATENESS_BOUNDS_MS)
+        #: duration of the fsyncs that make messages durable, per file kind (seconds)
+        self.fsync_seconds = {
+            "message_log": Histogram(FSYNC_BOUNDS_S),
+            "consume_log": Histogram(FSYNC_BOUNDS_S),
+        }
         # set when a background step fails in a way that may lose derived state: the
         # store then refuses new work, keeps its last good checkpoint, and a restart
         # rebuilds everything from the message log

@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import logging
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 
@@ -207,7 +208,10 @@ class Committer:
             start = mlog.end
             try:
                 positions = mlog.append([e.data for e in entries])
+                synced = time.perf_counter()
                 mlog.sync()
+                if sh.config.fsync:
+                    sh.fsync_seconds["message_log"].observe(time.perf_counter() - synced)
             except OSError as exc:
                 log.error("message log write failed: %s", exc)
                 try:
@@ -243,6 +247,7 @@ class Committer:
             for i in range(0, len(entries), LOCK_CHUNK):
                 chunk = entries[i : i + LOCK_CHUNK]
                 msgs = [e for e in chunk if e.kind == _MSG]
+                stats["stored"] += len(msgs)
                 hashes = [e.h for e in msgs]
                 where = [e.position for e in msgs]
                 with sh.submit_lock:

@@ -76,6 +76,7 @@ class Firing:
         by_q: dict[tuple[str, int], list[tuple[bytes, int, int]]] = collections.defaultdict(list)
         dispatch: dict[int, list[int]] = collections.defaultdict(list)
         lateness = self.lateness
+        late: list[int] = []  # this batch's lateness samples
         read = sh.files.mlog.read
         bucket_ms = sh.bucket_ms
         names_ok: set[str] = set()  # topics that passed check_name in this call
@@ -93,7 +94,9 @@ class Firing:
                 sh.stats["corrupt_records"] += 1
                 continue
             by_q[(route.topic, route.queue_id)].append((raw, pos, fired_at))
-            lateness.append(fired_at - d)
+            late.append(fired_at - d)
+        lateness.extend(late)
+        sh.lateness.observe_many(late)
         queues = []
         consume = sh.files.consume
         for (topic, qid), items in by_q.items():

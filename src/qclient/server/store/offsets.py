@@ -50,6 +50,11 @@ class OffsetStore:
     def get(self, group: str, topic: str, queue_id: int) -> int:
         return self._offsets.get((group, topic, queue_id), 0)
 
+    def snapshot(self) -> dict[tuple[str, str, int], int]:
+        """Every committed offset: ``(group, topic, queue_id) -> offset``."""
+        with self._lock:
+            return dict(self._offsets)
+
     def flush(self) -> None:
         """Persist if anything changed since the last flush."""
         with self._lock:

@@ -27,11 +27,13 @@ from qclient.server.store.checkpoint import Checkpoint
 from qclient.server.store.committer import Committer
 from qclient.server.store.files import StoreFiles
 from qclient.server.store.firing import Firing
+from qclient.server.store.histogram import Histogram
 from qclient.server.store.intake import Intake
 from qclient.server.store.loader import Loader
 from qclient.server.store.recovery import recover
 from qclient.server.store.replay import Replayer
 from qclient.server.store.retention import Retention
+from qclient.server.store.schedule_log import ENTRY as SCHEDULE_ENTRY
 from qclient.server.store.syncer import Syncer
 from qclient.server.store.types import (
     CancelOutcome,
@@ -46,6 +48,7 @@ log = logging.getLogger(__name__)
 
 _STATS_ZERO = (
     "appended",
+    "stored",
     "duplicates",
     "fsyncs",
     "groups",
@@ -86,6 +89,7 @@ class DelayStore:
         self._lock_fd = -1
         self.bucket_ms = config.bucket_ms
         self._intake = Intake(config)
+        self._scheduled_at_open = 0
 
     # ------------------------------------------------------------------ lifecycle
     def open(self) -> None:
@@ -131,6 +135,7 @@ class DelayStore:
             len(self._sh.dedupe),
             len(self._sh.wheel.heap),
         )
+        self._scheduled_at_open = self._count_scheduled()
         for name, target in (
             ("committer", self._committer.run),
             ("firing", self._firing.run),
@@ -269,10 +274,41 @@ class DelayStore:
         self._syncer.add_listener(cb)
 
     # ------------------------------------------------------------------ stats
+    def _count_scheduled(self) -> int:
+        """Messages waiting to fire, at open: the loaded wheel plus the schedule entries
+        of the buckets not loaded yet (cancel entries of earlier runs count as well
+        until their bucket loads: an estimate, as exact as a file-size sum can be)."""
+        sh = self._sh
+        slog = self._files.slog
+        with sh.sched:
+            unloaded = sum(slog.size(b) for b in sh.wheel.unloaded) // SCHEDULE_ENTRY.size
+            return len(sh.wheel.heap) + unloaded
+
+    def consume_lag(self) -> dict[tuple[str, str], int]:
+        """Visible messages past each group's committed offsets, per ``(topic, group)``
+        (the queues a group has committed on)."""
+        lag: dict[tuple[str, str], int] = {}
+        consume = self._files.consume
+        for (group, topic, qid), offset in self._files.offsets.snapshot().items():
+            q = consume.get(topic, qid, create=False)
+            behind = max(0, q.visible - offset) if q is not None else 0
+            lag[(topic, group)] = lag.get((topic, group), 0) + behind
+        return lag
+
+    def histograms(self) -> dict[str, Histogram]:
+        """Fire lateness (ms) and fsync durations (seconds, ``fsync_<file>``)."""
+        sh = self._sh
+        out = {"lateness_ms": sh.lateness}
+        for kind, h in sh.fsync_seconds.items():
+            out[f"fsync_{kind}"] = h
+        return out
+
     def stats(self) -> dict[str, int | float]:
         sh = self._sh
         s: dict[str, int | float] = dict.fromkeys(_STATS_ZERO, 0)
         s.update(sh.stats)
+        # what recovery found, then exact: every change since open is counted
+        s["scheduled"] = self._scheduled_at_open + s["stored"] - s["fired"] - s["cancelled"]
         with sh.sched:
             s["wheel_size"] = len(sh.wheel.heap)
             s["active_buckets"] = len(sh.wheel.state)

@@ -100,7 +100,13 @@ class Syncer:
     def _sync_fired(self, work: list[Work]) -> None:
         sh = self._sh
         queues = {id(q): q for qs, _, _ in work for q in qs}
-        synced = [(q, q.sync()) for q in queues.values()]
+        timing = sh.fsync_seconds["consume_log"] if sh.config.fsync else None
+        synced = []
+        for q in queues.values():
+            started = time.perf_counter()
+            synced.append((q, q.sync()))
+            if timing is not None:
+                timing.observe(time.perf_counter() - started)
         if synced and sh.config.fsync:
             sh.stats["consume_fsyncs"] += len(synced)
         for q, upto in synced:

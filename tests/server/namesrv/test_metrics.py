@@ -1,0 +1,44 @@
+"""The name server's Prometheus ``GET /metrics``: registered brokers and route lookups."""
+
+from __future__ import annotations
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+from tests.integration.helpers import wait_until
+
+from qclient import LocalCluster, Producer
+from qclient.protocol import wire
+
+
+def _samples(addr: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    r = httpx.get(f"http://{addr}{wire.METRICS}", timeout=5.0, trust_env=False)
+    assert r.status_code == 200
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(r.text)
+        for s in family.samples
+    }
+
+
+def test_broker_count_and_route_lookups():
+    with LocalCluster(brokers=2) as c:
+        s = _samples(c.namesrv)
+        assert s[("qclient_namesrv_brokers", ())] == 2
+        found = s.get(("qclient_namesrv_route_lookups_total", (("result", "found"),)), 0.0)
+        with Producer(c.namesrv, start_detector_enable=False) as p:
+            p.send("ns-metrics", b"x")  # one route lookup
+        r = httpx.get(f"http://{c.namesrv}/v1/routes/bad%20topic", trust_env=False)
+        assert r.status_code == 400
+        s = _samples(c.namesrv)
+        assert s[("qclient_namesrv_route_lookups_total", (("result", "found"),))] == found + 1
+        key = (
+            "qclient_http_request_duration_seconds_count",
+            (("endpoint", wire.NAMESRV_ROUTE), ("method", "GET"), ("status", "400")),
+        )
+        assert s[key] == 1
+        c.brokers[1].stop()
+        wait_until(
+            lambda: _samples(c.namesrv)[("qclient_namesrv_brokers", ())] == 1,
+            15,
+            "the stopped broker to leave",
+        )
