@@ -111,6 +111,9 @@ class ProducerConfig:
     namesrv_timeout: float = 3.0
     #: wire encoding of request bodies: "msgpack" (default, measured faster) or "json"
     encoding: str = "msgpack"
+    #: the synchronous HTTP transport: "lean" (qclient.transport.lean, the fast path) or
+    #: "httpx" (httpx's own transport: proxies and every httpx feature; what respx mocks)
+    http_transport: str = "lean"
     #: concurrent requests one send_batch round may issue (one per broker chunk)
     max_concurrency: int = 8
     #: batches of send_async in flight per broker at once
@@ -153,6 +156,10 @@ class ProducerConfig:
         if self.encoding not in ENCODINGS:
             names = " or ".join(repr(e) for e in ENCODINGS)
             raise ValueError(f"encoding must be {names}, got {self.encoding!r}")
+        if self.http_transport not in ("lean", "httpx"):
+            raise ValueError(
+                f"http_transport must be 'lean' or 'httpx', got {self.http_transport!r}"
+            )
         if len(self.latency_max_ms) != len(self.not_available_ms):
             raise ValueError("latency_max_ms and not_available_ms must have the same length")
         if not isinstance(self.max_delay, timedelta) or self.max_delay <= timedelta(0):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import httpx
+import pytest
 
 from qclient.protocol.wire import (
     MSGPACK,
@@ -14,9 +15,12 @@ from qclient.protocol.wire import (
     SendRequest,
     SendResponse,
     TopicRoute,
+    base_url,
     decode,
     encode,
 )
+from qclient.transport import http as transport_http
+from qclient.transport.lean import LeanResponse
 
 NS1 = "127.0.0.1:19876"
 NS2 = "127.0.0.1:19877"
@@ -66,3 +70,42 @@ def ok_send(broker: str):
         )
 
     return handler
+
+
+class HttpxBackedLean:
+    """``LeanTransport``'s interface over httpx's own transport, which respx intercepts: the
+    respx tests run the SDK's code above the transport unchanged (the lean transport itself
+    is tested against real servers in tests/transport)."""
+
+    def __init__(self, **_: object) -> None:
+        self._t = httpx.HTTPTransport(trust_env=False)
+
+    def request(
+        self,
+        method: str,
+        addr: str,
+        path: str,
+        body: bytes = b"",
+        headers: object = (),
+        *,
+        timeout: float,
+    ) -> LeanResponse:
+        req = httpx.Request(
+            method,
+            base_url(addr) + path,
+            content=body or None,
+            headers=list(headers),  # type: ignore[call-overload]
+            extensions={"timeout": httpx.Timeout(timeout).as_dict()},
+        )
+        resp = self._t.handle_request(req)
+        content = resp.read()
+        return LeanResponse(resp.status_code, dict(resp.headers), content)
+
+    def close(self) -> None:
+        self._t.close()
+
+
+@pytest.fixture
+def respx_transport(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sync requests go through httpx's transport, so that respx sees them."""
+    monkeypatch.setattr(transport_http, "LeanTransport", HttpxBackedLean)

@@ -14,6 +14,8 @@ from qclient.routing import AsyncNameServerClient, NameServerClient
 
 from .conftest import NS1, NS2, error_response, msgpack_response, route
 
+pytestmark = pytest.mark.usefixtures("respx_transport")
+
 
 @respx.mock
 def test_route_from_first_name_server() -> None:

@@ -30,6 +30,8 @@ from qclient.protocol.wire import (
 
 from .conftest import BROKERS, NS1, NS2, error_response, msgpack_response, ok_send, route
 
+pytestmark = pytest.mark.usefixtures("respx_transport")
+
 A, B = BROKERS["broker-a"], BROKERS["broker-b"]
 
 

@@ -29,7 +29,7 @@ class Background:
 
     def __init__(self, core: ProducerCore, cfg: ProducerConfig) -> None:
         self.core = core
-        self._http = SyncHttp(verify=cfg.verify)
+        self._http = SyncHttp(verify=cfg.verify, lean=cfg.http_transport == "lean")
         #: the name-server client; ``Producer`` fetches first routes with it too
         self.ns = NameServerClient(cfg.namesrv, timeout=cfg.namesrv_timeout, http=self._http)
         self._retry_after: dict[str, float] = {}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime, timedelta
@@ -18,9 +19,10 @@ from ..routing.publish_info import TopicPublishInfo
 from ..transport.http import SyncHttp
 from ._background import Background
 from ._base import ProducerBase, batch_outcome
-from ._core import Item
+from ._core import Item, Plan
 from ._drivers import SyncSlots, run_sync
 from ._future import SendFuture
+from .coalescer import SyncCoalescer
 from .sender import Sender
 
 __all__ = ["Producer"]
@@ -77,7 +79,7 @@ class Producer(ProducerBase):
             content_type=self._core.content_type,
             credentials=self._credentials,
             verify=cfg.verify,
-            direct=True,
+            lean=cfg.http_transport == "lean",
         )
         self._bg = Background(self._core, cfg)
         self._ns = self._bg.ns  # the same settings; closed by the background's close()
@@ -85,6 +87,8 @@ class Producer(ProducerBase):
         self._pool: ThreadPoolExecutor | None = None
         self._sender: Sender | None = None
         self._slots = SyncSlots(cfg.max_in_flight_per_broker)
+        #: concurrent single sends share requests (a lone one leaves at once, in its thread)
+        self._coalescer = SyncCoalescer(self._core, self._run_plan, cfg.max_in_flight_per_broker)
 
     # --- routes --------------------------------------------------------------------
 
@@ -104,6 +108,9 @@ class Producer(ProducerBase):
                     )
         return self._pool
 
+    def _run_plan(self, plan: Plan) -> Any:
+        return run_sync(plan, self._http, self._executor)
+
     def _send_one(
         self,
         topic: str,
@@ -116,15 +123,19 @@ class Producer(ProducerBase):
         msg_id: str | None,
     ) -> SendResult:
         self._check_open()
-        wire = self._core.wire(topic, body, key, tags, properties, delay, deliver_at, msg_id)
+        core = self._core
+        deadline = time.monotonic() + self._cfg.send_timeout
+        wire = core.wire(topic, body, key, tags, properties, delay, deliver_at, msg_id)
         op = _tracing.start_send(wire)
         try:
-            item = Item(0, wire, self._info(topic), pinned=msg_id is not None)
-            (result,) = run_sync(self._core.plan_send([item]), self._http)
+            info = self._info(topic)
+            queue = core.select(info, msg_id=msg_id)
+            wire.queue_id = queue.queue_id
+            result = self._coalescer.send(Item(0, wire, info, queue, msg_id is not None), deadline)
         except BaseException as exc:
             _tracing.end_send(op, exc)
             raise
-        _tracing.end_send(op, result, self._core.routes.resolve)
+        _tracing.end_send(op, result, core.routes.resolve)
         if isinstance(result, QClientError):
             raise result
         return result

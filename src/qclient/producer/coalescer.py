@@ -1,0 +1,188 @@
+"""Coalescing of concurrent single sends: a group commit on the client side.
+
+Each broker has ``limit`` request slots. A send that finds a free slot leaves at once, in
+the caller's own thread, as a one-message request: no linger, no hand-off to another thread.
+A send that finds every slot busy queues; when a slot frees up, everything queued for that
+broker (up to the batch limits) leaves together in one request, sent by one of the waiting
+callers (leader/follower, as in a database's group commit). Concurrent callers so share
+requests, and the broker shares one fsync among them.
+
+Every fault-tolerance rule holds as for a lone send, because a coalesced request is an
+ordinary send plan (``ProducerCore.plan_send``): per-request latency into the fault table,
+the per-attempt share of the budget (the batch gets its oldest member's deadline, so time
+spent queued counts), retries on another broker, caller ids pinned to their broker. A batch
+whose broker was isolated while it queued is re-routed instead of sent there.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from .._models import SendResult
+from ..errors import ProducerClosedError, QClientError, SendTimeoutError
+from ._core import Item, Plan, ProducerCore
+
+__all__ = ["SyncCoalescer"]
+
+log = logging.getLogger(__name__)
+
+Result = SendResult | QClientError
+
+
+class _Waiter:
+    """One caller's message; ``done`` is held until the caller may look at the outcome."""
+
+    __slots__ = ("batch", "deadline", "done", "item", "result")
+
+    def __init__(self, item: Item, deadline: float) -> None:
+        self.item = item
+        self.deadline = deadline
+        self.result: Result | None = None
+        self.batch: list[_Waiter] | None = None  # set when this caller must send a batch
+        self.done = threading.Lock()
+        self.done.acquire()
+
+
+class SyncCoalescer:
+    """Leader/follower coalescing of ``Producer``'s single sends (see the module doc)."""
+
+    def __init__(self, core: ProducerCore, run: Callable[[Plan], Any], limit: int) -> None:
+        self._core = core
+        self._run = run
+        self._limit = limit
+        self._lock = threading.Lock()
+        self._queues: dict[str, deque[_Waiter]] = {}
+        self._in_flight: dict[str, int] = {}
+
+    def send(self, item: Item, deadline: float) -> Result:
+        """Send one message whose queue is chosen; its result or typed error."""
+        assert item.queue is not None
+        broker = item.queue.broker_name
+        me = _Waiter(item, deadline)
+        with self._lock:
+            queue = self._queues.get(broker)
+            busy = self._in_flight.get(broker, 0)
+            if busy < self._limit and not queue:
+                self._in_flight[broker] = busy + 1
+                batch: list[_Waiter] | None = [me]
+            else:
+                if queue is None:
+                    queue = self._queues[broker] = deque()
+                queue.append(me)
+                batch = None
+        if batch is None:
+            batch = self._follow(broker, me)
+            if batch is None:
+                assert me.result is not None
+                return me.result
+        self._lead(broker, batch, me)
+        assert me.result is not None
+        return me.result
+
+    def _follow(self, broker: str, me: _Waiter) -> list[_Waiter] | None:
+        """Wait until a leader answered ``me`` (None) or handed it a batch to send."""
+        try:
+            # every plan in flight ends within its own deadline, so this wait is bounded
+            # by the oldest of them; the margin covers a leader's last bookkeeping
+            if not me.done.acquire(timeout=max(0.0, me.deadline - time.monotonic()) + 1.0):
+                with self._lock:
+                    queued = self._unqueue(broker, me)
+                if queued:
+                    return self._timed_out(me)
+                me.done.acquire()  # taken into a batch as the wait ended: it is answered soon
+        except BaseException:
+            self._abandon(broker, me)
+            raise
+        return me.batch
+
+    def _timed_out(self, me: _Waiter) -> None:
+        me.result = SendTimeoutError(
+            f"message {me.item.wire.msg_id} found no free request slot within send_timeout"
+        )
+        return None
+
+    def _unqueue(self, broker: str, me: _Waiter) -> bool:
+        queue = self._queues.get(broker)
+        if queue is not None and me in queue:
+            queue.remove(me)
+            return True
+        return False
+
+    def _abandon(self, broker: str, me: _Waiter) -> None:
+        """The caller left while waiting (KeyboardInterrupt): never strand a batch on it."""
+        with self._lock:
+            if self._unqueue(broker, me):
+                return
+            batch = me.batch
+            if batch is None:
+                return  # a member of another leader's batch: that leader answers it
+            rest = [w for w in batch if w is not me]
+            if rest:
+                rest[0].batch = rest
+            else:
+                self._in_flight[broker] -= 1
+                nxt = self._next_batch(broker)
+                rest = nxt or []
+        if rest:
+            rest[0].done.release()
+
+    def _lead(self, broker: str, batch: list[_Waiter], me: _Waiter) -> None:
+        """Send ``batch`` in this thread, answer its members, pass the slot on."""
+        items = [w.item for w in batch]
+        for i, it in enumerate(items):
+            it.index = i
+        deadline = min(w.deadline for w in batch)
+        one_chunk = self._core.strategy.latency_fault_tolerance.is_available(broker)
+        if not one_chunk:  # isolated while these waited: choose again, avoiding it
+            for it in items:
+                it.queue, it.last_broker = None, broker
+        results: list[Any]
+        error: BaseException | None = None
+        try:
+            results = self._run(self._core.plan_send(items, deadline=deadline, one_chunk=one_chunk))
+        except Exception as exc:  # a bug must still answer every caller
+            log.exception("sending %d coalesced message(s) to %s failed", len(batch), broker)
+            results = [exc if isinstance(exc, QClientError) else _wrap(exc)] * len(batch)
+        except BaseException as exc:  # interrupted: answer the others, then re-raise
+            error = exc
+            results = [ProducerClosedError("the sending thread was interrupted")] * len(batch)
+        for w, r in zip(batch, results, strict=True):
+            w.result = r
+        with self._lock:
+            self._in_flight[broker] -= 1
+            nxt = self._next_batch(broker)
+        for w in batch:
+            if w is not me:
+                w.done.release()
+        if nxt:
+            nxt[0].done.release()
+        if error is not None:
+            raise error
+
+    def _next_batch(self, broker: str) -> list[_Waiter] | None:
+        """With the lock held: the queued batch a free slot of ``broker`` sends next, its
+        first member designated to send it; the slot is taken."""
+        queue = self._queues.get(broker)
+        if not queue or self._in_flight.get(broker, 0) >= self._limit:
+            return None
+        cfg = self._core.cfg
+        batch: list[_Waiter] = []
+        size = 0
+        while queue and len(batch) < cfg.batch_max_messages:
+            s = queue[0].item.size
+            if batch and size + s > cfg.batch_max_bytes:
+                break
+            batch.append(queue.popleft())
+            size += s
+        self._in_flight[broker] = self._in_flight.get(broker, 0) + 1
+        batch[0].batch = batch
+        return batch
+
+
+def _wrap(exc: Exception) -> QClientError:
+    return QClientError(f"send failed: {type(exc).__name__}: {exc}")

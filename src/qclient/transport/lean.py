@@ -1,0 +1,353 @@
+"""A lean HTTP/1.1 transport for httpx: keep-alive sockets and a C response parser.
+
+httpx's default transport (httpcore + h11, pure Python) costs ~1 ms of CPU per request here,
+several times the broker's whole work for a one-message send. This transport does what the
+SDK's requests need and no more: one pooled keep-alive connection per request in flight,
+the request written with one ``sendmsg``, the response parsed by ``httptools`` (llhttp, the
+parser of Node.js). It raises httpx's exceptions, so the fault-tolerance rules that classify
+them hold unchanged, and it is a real ``httpx.BaseTransport``: ``httpx.Client(transport=
+LeanTransport())`` works. The SDK calls :meth:`LeanTransport.post` directly, which skips
+building ``httpx.Request`` / ``httpx.Response`` objects on the hot path.
+
+Fork safety: connections belong to the process that opened them. After ``os.fork()`` the
+child starts with an empty pool (the inherited sockets are closed in the child only, so the
+parent's connections are untouched) and fresh locks.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import socket
+import ssl
+import threading
+import time
+import weakref
+from collections.abc import Iterable, Mapping
+from typing import NamedTuple
+from urllib.parse import urlsplit
+
+import httptools
+import httpx
+
+__all__ = ["LeanResponse", "LeanTransport"]
+
+#: an idle connection older than this is not reused (the servers keep idle ones ~75 s)
+KEEPALIVE_EXPIRY = 30.0
+#: idle connections kept per origin; more requests in flight than this open extra ones
+MAX_IDLE_PER_ORIGIN = 64
+_RECV = 65536
+
+
+class LeanResponse(NamedTuple):
+    """Status, headers (lower-case names) and body of one response."""
+
+    status: int
+    headers: dict[str, str]
+    content: bytes
+
+
+class _Origin(NamedTuple):
+    tls: bool
+    host: str
+    port: int
+
+
+class _Reader:
+    """httptools callbacks collecting one response."""
+
+    __slots__ = ("body", "complete", "headers", "headers_done", "keep_alive", "parser")
+
+    def __init__(self) -> None:
+        self.headers: dict[str, str] = {}
+        self.body: list[bytes] = []
+        self.complete = False
+        self.headers_done = False
+        self.keep_alive = False
+        self.parser = httptools.HttpResponseParser(self)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+
+    def on_headers_complete(self) -> None:
+        self.headers_done = True
+        # asked now: once the message is complete llhttp has reset its state
+        self.keep_alive = self.parser.should_keep_alive()
+
+    def on_body(self, body: bytes) -> None:
+        self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+
+
+class _Connection:
+    __slots__ = ("host_header", "idle_since", "origin", "sock")
+
+    def __init__(self, origin: _Origin, sock: socket.socket) -> None:
+        self.origin = origin
+        self.sock = sock
+        self.idle_since = 0.0
+        self.host_header = f"{origin.host}:{origin.port}".encode("ascii")
+
+    def alive(self) -> bool:
+        """An idle connection is reusable only if the server has not closed it (or sent
+        anything unasked): then reading it would return EOF or stray bytes."""
+        try:
+            readable, _, _ = select.select([self.sock], [], [], 0)
+        except (OSError, ValueError):
+            return False
+        return not readable
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+def _timeout_left(deadline: float, exc: type[httpx.TimeoutException], what: str) -> float:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise exc(f"{what} timed out")
+    return left
+
+
+class LeanTransport(httpx.BaseTransport):
+    """Pooled HTTP/1.1 over plain (or TLS) sockets; thread-safe; see the module doc."""
+
+    def __init__(
+        self,
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+        keepalive_expiry: float = KEEPALIVE_EXPIRY,
+        max_idle_per_origin: int = MAX_IDLE_PER_ORIGIN,
+    ) -> None:
+        self._ssl_context = ssl_context
+        self._expiry = keepalive_expiry
+        self._max_idle = max_idle_per_origin
+        self._lock = threading.Lock()
+        self._idle: dict[_Origin, list[_Connection]] = {}
+        self._origins: dict[str, _Origin] = {}
+        self._closed = False
+        _LIVE.add(self)
+
+    # --- the pool ---------------------------------------------------------------------
+
+    def _origin(self, addr: str) -> _Origin:
+        origin = self._origins.get(addr)
+        if origin is None:
+            url = urlsplit(addr if "://" in addr else f"http://{addr}")
+            if url.scheme not in ("http", "https") or not url.hostname:
+                raise httpx.UnsupportedProtocol(f"unsupported address {addr!r}")
+            tls = url.scheme == "https"
+            origin = _Origin(tls, url.hostname, url.port or (443 if tls else 80))
+            if len(self._origins) < 4096:
+                self._origins[addr] = origin
+        return origin
+
+    def _checkout(self, origin: _Origin, deadline: float) -> tuple[_Connection, bool]:
+        """A connection to ``origin`` and whether it was reused from the pool."""
+        if self._closed:
+            raise httpx.ConnectError("transport is closed")
+        now = time.monotonic()
+        with self._lock:
+            idle = self._idle.get(origin)
+            while idle:
+                conn = idle.pop()  # most recently used first: the warmest socket
+                if now - conn.idle_since < self._expiry and conn.alive():
+                    return conn, True
+                conn.close()
+        return self._connect(origin, deadline), False
+
+    def _checkin(self, conn: _Connection) -> None:
+        conn.idle_since = time.monotonic()
+        with self._lock:
+            if not self._closed:
+                idle = self._idle.setdefault(conn.origin, [])
+                if len(idle) < self._max_idle:
+                    idle.append(conn)
+                    return
+        conn.close()
+
+    def _connect(self, origin: _Origin, deadline: float) -> _Connection:
+        timeout = _timeout_left(deadline, httpx.ConnectTimeout, "connect")
+        try:
+            sock = socket.create_connection((origin.host, origin.port), timeout=timeout)
+        except TimeoutError as exc:
+            raise httpx.ConnectTimeout(f"connect to {origin.host}:{origin.port} timed out") from exc
+        except OSError as exc:
+            raise httpx.ConnectError(
+                f"{exc.strerror or exc} ({origin.host}:{origin.port})"
+            ) from exc
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if origin.tls:
+                ctx = self._ssl_context or ssl.create_default_context()
+                sock.settimeout(_timeout_left(deadline, httpx.ConnectTimeout, "TLS handshake"))
+                sock = ctx.wrap_socket(sock, server_hostname=origin.host)
+        except TimeoutError as exc:
+            sock.close()
+            raise httpx.ConnectTimeout("TLS handshake timed out") from exc
+        except (OSError, ssl.SSLError) as exc:
+            sock.close()
+            raise httpx.ConnectError(f"TLS handshake with {origin.host} failed: {exc}") from exc
+        return _Connection(origin, sock)
+
+    # --- one exchange -----------------------------------------------------------------
+
+    def request(
+        self,
+        method: str,
+        addr: str,
+        path: str,
+        body: bytes = b"",
+        headers: Iterable[tuple[str, str]] = (),
+        *,
+        timeout: float,
+    ) -> LeanResponse:
+        """One request within ``timeout`` seconds in all (connect, write and read).
+
+        Raises httpx's exceptions: ``ConnectError``/``ConnectTimeout`` (nothing was sent),
+        ``WriteError``/``WriteTimeout``, ``ReadError``/``ReadTimeout``,
+        ``RemoteProtocolError`` (closed or garbled answer), ``UnsupportedProtocol``."""
+        deadline = time.monotonic() + timeout
+        origin = self._origin(addr)
+        extra = "".join(f"{k}: {v}\r\n" for k, v in headers)
+        for _ in range(2):
+            conn, reused = self._checkout(origin, deadline)
+            head = (
+                f"{method} {path} HTTP/1.1\r\nHost: {conn.host_header.decode()}\r\n"
+                f"Content-Length: {len(body)}\r\n{extra}\r\n"
+            ).encode("latin-1")
+            try:
+                resp, keep = self._exchange(conn, head, body, deadline, method == "HEAD")
+            except _StaleConnection:
+                conn.close()
+                if reused:
+                    continue  # the server closed an idle connection as we reused it
+                raise httpx.RemoteProtocolError(
+                    "server disconnected without sending a response"
+                ) from None
+            except BaseException:
+                conn.close()
+                raise
+            if keep:
+                self._checkin(conn)
+            else:
+                conn.close()
+            return resp
+        raise httpx.RemoteProtocolError("server disconnected without sending a response")
+
+    @staticmethod
+    def _exchange(
+        conn: _Connection, head: bytes, body: bytes, deadline: float, head_only: bool
+    ) -> tuple[LeanResponse, bool]:
+        sock = conn.sock
+        reader = _Reader()
+        parser = reader.parser
+        received = False
+        try:
+            sock.settimeout(_timeout_left(deadline, httpx.WriteTimeout, "write"))
+            if body:
+                data = memoryview(head + body) if len(body) < 65536 else None
+                if data is not None:
+                    sent = sock.send(data)
+                    if sent < len(data):
+                        sock.sendall(data[sent:])
+                else:
+                    sock.sendall(head)
+                    sock.sendall(body)
+            else:
+                sock.sendall(head)
+        except TimeoutError as exc:
+            raise httpx.WriteTimeout("write timed out") from exc
+        except (BrokenPipeError, ConnectionResetError) as exc:
+            raise _StaleConnection() from exc
+        except OSError as exc:
+            raise httpx.WriteError(str(exc)) from exc
+        try:
+            while not reader.complete:
+                sock.settimeout(_timeout_left(deadline, httpx.ReadTimeout, "read"))
+                chunk = sock.recv(_RECV)
+                if not chunk:
+                    if not received:
+                        raise _StaleConnection()
+                    raise httpx.RemoteProtocolError("server closed the connection mid-response")
+                received = True
+                parser.feed_data(chunk)
+                if head_only and reader.headers_done:
+                    break
+        except TimeoutError as exc:
+            raise httpx.ReadTimeout("read timed out") from exc
+        except ConnectionResetError as exc:
+            if not received:
+                raise _StaleConnection() from exc
+            raise httpx.ReadError(str(exc)) from exc
+        except httptools.HttpParserError as exc:
+            raise httpx.RemoteProtocolError(f"malformed response: {exc}") from exc
+        except OSError as exc:
+            raise httpx.ReadError(str(exc)) from exc
+        content = reader.body[0] if len(reader.body) == 1 else b"".join(reader.body)
+        return LeanResponse(parser.get_status_code(), reader.headers, content), reader.keep_alive
+
+    # --- httpx.BaseTransport ----------------------------------------------------------
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        """httpx's transport interface (``httpx.Client(transport=LeanTransport())``)."""
+        timeouts: Mapping[str, float | None] = request.extensions.get("timeout", {})
+        limits = [t for t in timeouts.values() if t is not None]
+        url = request.url
+        addr = f"{url.scheme}://{url.host}:{url.port or (443 if url.scheme == 'https' else 80)}"
+        target = url.raw_path.decode("ascii")
+        headers = [
+            (k, v)
+            for k, v in request.headers.items()
+            if k.lower() not in ("host", "content-length")
+        ]
+        resp = self.request(
+            request.method,
+            addr,
+            target,
+            request.read(),
+            headers,
+            timeout=max(limits) if limits else 3600.0,
+        )
+        return httpx.Response(
+            resp.status,
+            headers=list(resp.headers.items()),
+            content=resp.content,
+            request=request,
+        )
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            conns = [c for idle in self._idle.values() for c in idle]
+            self._idle.clear()
+        for c in conns:
+            c.close()
+
+    def _after_fork_in_child(self) -> None:
+        # the parent's sockets stay open in the parent: close only the child's copies
+        self._lock = threading.Lock()
+        for idle in self._idle.values():
+            for c in idle:
+                c.close()
+        self._idle = {}
+
+
+class _StaleConnection(Exception):
+    """The peer closed the connection before any byte of the answer arrived."""
+
+
+_LIVE: weakref.WeakSet[LeanTransport] = weakref.WeakSet()
+
+
+def _reset_after_fork() -> None:
+    for transport in list(_LIVE):
+        transport._after_fork_in_child()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_after_fork)
