@@ -16,6 +16,7 @@ parent's connections are untouched) and fresh locks.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import socket
@@ -100,10 +101,8 @@ class _Connection:
         return not readable
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             self.sock.close()
-        except OSError:
-            pass
 
 
 def _timeout_left(deadline: float, exc: type[httpx.TimeoutException], what: str) -> float:
