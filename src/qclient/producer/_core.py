@@ -116,6 +116,12 @@ Step = list[HttpCall] | Sleep
 Plan = Generator[Step, Any, Any]
 
 
+def _queued(outcomes: list[CallResult]) -> float:
+    """Seconds a round waited for client-side slots: client queueing is not the brokers'
+    time, so the send's deadline moves by it."""
+    return max((o.queued_s for o in outcomes), default=0.0)
+
+
 class _Round(Exception):
     """Some messages of a round must be retried (drives tenacity)."""
 
@@ -319,10 +325,50 @@ class ProducerCore:
         results: list[SendResult | QClientError | None] = [None] * len(items)
         if deadline is None:
             deadline = time.monotonic() + self.cfg.send_timeout
+        # The first attempt runs without the retry machinery: most sends need no retry.
+        if one_chunk:
+            first = items[0].queue
+            assert first is not None
+            addr = items[0].info.broker_addrs[first.broker_name]
+            calls = [self._call(first.broker_name, addr, items, self.attempt_timeout(1, deadline))]
+        else:
+            calls = self._calls(items, 1, deadline)
+        outcomes: list[CallResult] = yield calls
+        deadline += _queued(outcomes)
+        pending = self._absorb(calls, outcomes, results)
+        attempts = 1
+        if pending:
+            pending, attempts = yield from self._retries(pending, deadline, results)
+        for it in pending:
+            results[it.index] = it.error or SendTimeoutError(
+                f"message {it.wire.msg_id} not acknowledged within "
+                f"send_timeout={self.cfg.send_timeout}s"
+            )
+        failed = len(results) - list(map(type, results)).count(SendResult)
+        self.stats.done(len(results) - failed, failed)
+        if failed and log.isEnabledFor(logging.WARNING):
+            first_error = next(r for r in results if isinstance(r, QClientError))
+            log.warning(
+                "%d of %d message(s) failed after %d attempt(s): %s",
+                failed,
+                len(results),
+                attempts,
+                first_error,
+            )
+        return results
+
+    def _retries(
+        self,
+        pending: list[Item],
+        deadline: float,
+        results: list[SendResult | QClientError | None],
+    ) -> Generator[Step, Any, tuple[list[Item], int]]:
+        """Attempts 2.. of a send whose first attempt left ``pending`` unacknowledged, by
+        the retry policy (tenacity); returns what is still pending and the attempts made."""
         retrying = self.retrying
         retrying.begin()  # tenacity's per-thread statistics; the state below is ours alone
         state = tenacity.RetryCallState(retrying, None, (), {"deadline": deadline})
-        pending = items
+        state.set_exception((_Round, _Round(), None))  # how the first attempt ended
         while True:
             try:
                 do = retrying.iter(state)
@@ -330,24 +376,11 @@ class ProducerCore:
                 break  # out of attempts or of time: pending keep their last error
             if isinstance(do, tenacity.DoAttempt):
                 attempt = state.attempt_number
-                if attempt > 1:
-                    self.stats.retry(len(pending))
-                if one_chunk and attempt == 1:
-                    first = pending[0].queue
-                    assert first is not None
-                    calls = [
-                        self._call(
-                            first.broker_name,
-                            pending[0].info.broker_addrs[first.broker_name],
-                            pending,
-                            self.attempt_timeout(1, deadline),
-                        )
-                    ]
-                else:
-                    calls = self._calls(pending, attempt, deadline)
+                self.stats.retry(len(pending))
+                calls = self._calls(pending, attempt, deadline)
                 outcomes: list[CallResult] = yield calls
-                queued = max((o.queued_s for o in outcomes), default=0.0)
-                if queued > 0:  # client-side queueing is not the brokers' time
+                queued = _queued(outcomes)
+                if queued > 0:
                     deadline += queued
                     state.kwargs["deadline"] = deadline
                 pending = self._absorb(calls, outcomes, results)
@@ -362,23 +395,7 @@ class ProducerCore:
                     yield Sleep(pause)
             else:
                 break
-        for it in pending:
-            results[it.index] = it.error or SendTimeoutError(
-                f"message {it.wire.msg_id} not acknowledged within "
-                f"send_timeout={self.cfg.send_timeout}s"
-            )
-        failed = len(results) - list(map(type, results)).count(SendResult)
-        self.stats.done(len(results) - failed, failed)
-        if failed and log.isEnabledFor(logging.WARNING):
-            first_error = next(r for r in results if isinstance(r, QClientError))
-            log.warning(
-                "%d of %d message(s) failed after %d attempt(s): %s",
-                failed,
-                len(results),
-                state.attempt_number,
-                first_error,
-            )
-        return results
+        return pending, state.attempt_number
 
     def attempt_timeout(self, attempt: int, deadline: float) -> float:
         """This attempt's share of what is left of the budget: one hung broker cannot eat
