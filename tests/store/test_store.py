@@ -192,6 +192,9 @@ def test_cancel_before_fire_and_states(make_store) -> None:
 def test_offsets_commit_and_persist(make_store, tmp_path) -> None:
     s = make_store()
     assert s.committed_offset("g", "t", 0) == 0
+    now = wall_clock_ms()
+    s.submit([msg(i, now) for i in range(32)]).result(10)  # 8 in each queue
+    wait_until(lambda: visible(s, "t") == 32)
     s.commit_offset("g", "t", 0, 5)
     s.commit_offset("g", "t", 3, 7)
     s.commit_offset("h", "t", 0, 1)

@@ -4,9 +4,10 @@
 its queue offset and the source position in the message log); ``index`` holds one
 fixed-width ``(log position u64, size u32)`` entry per offset (RocketMQ ConsumeQueue
 style), so ``pull(offset)`` is two preads. Only the log is fsync'd: the index is derived
-and recovery rebuilds its tail from the log. Offsets become *visible* to ``pull`` only
-after the log is synced (``publish``), so a consumer can never see an offset that a crash
-could take back.
+and recovery rebuilds its tail from the log. Offsets become *visible* to ``pull`` by
+``publish``: right after the append, or only after the log is synced (the store's
+``visible_before_sync``); offsets a crash took back are handled by recovery (offsets.py
+``clamp``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Firing: sleep until the earliest due wheel entry (woken early by a sooner one), pop
-what is due, read the records back and append them to the consume logs; the syncer then
-makes them durable and visible. An entry never fires before its ``deliver_at_ms``."""
+what is due, read the records back and append them to the consume logs, and (with
+``visible_before_sync``) make them pullable and wake the fire listeners at once; the
+syncer then makes them durable. An entry never fires before its ``deliver_at_ms``."""
 
 from __future__ import annotations
 
@@ -105,4 +106,12 @@ class Firing:
             q.append(items)
             queues.append(q)
         sh.stats["fired"] += sum(len(v) for v in by_q.values())
-        self._syncer.hand(queues, dispatch, {t for t, _ in by_q})
+        topics = {t for t, _ in by_q}
+        if sh.config.visible_before_sync:
+            # Visible before the fsync: a crash can lose these copies only together with
+            # their dispatch records (written after the fsync), so they fire again, and
+            # recovery clamps committed offsets to the durable end of each queue.
+            for q in queues:
+                q.publish(q.next)
+            self._syncer.notify(topics)
+        self._syncer.hand(queues, dispatch, topics)

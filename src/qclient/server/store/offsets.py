@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from qclient.server.store._files import atomic_write, check_name, check_queue_id
@@ -46,6 +47,21 @@ class OffsetStore:
             if self._offsets.get(key) != offset:
                 self._offsets[key] = offset
                 self._dirty = True
+
+    def clamp(self, end: Callable[[str, int], int]) -> int:
+        """Lower every committed offset past its queue's ``end(topic, queue_id)`` to it;
+        returns how many. After a crash that took back a consume log's unsynced tail (it
+        may have been pulled and committed already), the re-fired copies land at offsets
+        from the durable end on, and the group must read them there."""
+        n = 0
+        with self._lock:
+            for key, off in self._offsets.items():
+                top = end(key[1], key[2])
+                if off > top:
+                    self._offsets[key] = top
+                    self._dirty = True
+                    n += 1
+        return n
 
     def get(self, group: str, topic: str, queue_id: int) -> int:
         return self._offsets.get((group, topic, queue_id), 0)

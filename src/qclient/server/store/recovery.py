@@ -70,9 +70,25 @@ def recover(
     _rebuild_dedupe(sh, now - sh.config.dedupe_window_ms)
     sh.dedupe.expire(now)
     _reconcile_dispatch(sh)
+    _clamp_offsets(sh)
     checkpoint.write()
     while loader.step():
         pass
+
+
+def _clamp_offsets(sh: Shared) -> None:
+    """Committed offsets past a queue's recovered end (its unsynced tail was lost after a
+    consumer had pulled it) go back to that end, where the re-fired copies will land."""
+    consume = sh.files.consume
+
+    def end(topic: str, queue_id: int) -> int:
+        q = consume.get(topic, queue_id, create=False)
+        return q.next if q is not None else 0
+
+    clamped = sh.files.offsets.clamp(end)
+    if clamped:
+        log.warning("%d committed consumer offsets were past their queue's end: lowered", clamped)
+        sh.stats["offsets_clamped"] += clamped
 
 
 def _reconcile_dispatch(sh: Shared) -> None:

@@ -2,10 +2,10 @@
 
 For each group of fired work: fdatasync the consume logs (at least ``sync_interval_ms``
 apart, so fired messages accumulate into one fsync), make the new offsets visible to
-``pull()``, write the dispatch log, then wake the fire listeners. This order means a
-crash can only re-fire a message, never lose one, and a consumer never sees an offset a
-crash could take back. Every ``checkpoint_interval_ms``: the checkpoint, the consumer
-offsets, then retention.
+``pull()`` (with ``visible_before_sync`` the firing thread already did, and woke the
+listeners), write the dispatch log, then wake the fire listeners. The dispatch record
+follows the fsync, so a crash can only re-fire a message, never lose one. Every
+``checkpoint_interval_ms``: the checkpoint, the consumer offsets, then retention.
 """
 
 from __future__ import annotations
@@ -41,6 +41,14 @@ class Syncer:
 
     def add_listener(self, cb: Callable[[set[str]], None]) -> None:
         self._listeners.append(cb)
+
+    def notify(self, topics: set[str]) -> None:
+        """Tell the fire listeners that ``topics`` have new pullable messages."""
+        for cb in list(self._listeners):
+            try:
+                cb(topics)
+            except Exception:
+                log.exception("fire listener failed")
 
     def hand(
         self, queues: list[ConsumeQueue], dispatch: dict[int, list[int]], topics: set[str]
@@ -109,8 +117,9 @@ class Syncer:
                 timing.observe(time.perf_counter() - started)
         if synced and sh.config.fsync:
             sh.stats["consume_fsyncs"] += len(synced)
-        for q, upto in synced:
-            q.publish(upto)
+        if not sh.config.visible_before_sync:  # else published on append (one writer)
+            for q, upto in synced:
+                q.publish(upto)
         merged: dict[int, list[int]] = collections.defaultdict(list)
         topics: set[str] = set()
         for _, dispatch, ts in work:
@@ -123,9 +132,5 @@ class Syncer:
         with sh.sched:
             for b, positions in merged.items():
                 sh.wheel.dispatched(b, positions)
-        if topics:
-            for cb in list(self._listeners):
-                try:
-                    cb(topics)
-                except Exception:
-                    log.exception("fire listener failed")
+        if topics and not sh.config.visible_before_sync:
+            self.notify(topics)

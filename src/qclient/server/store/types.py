@@ -25,6 +25,10 @@ class StoreConfig:
     max_pending_messages: int = 50_000  # submit() raises StoreBusyError beyond it
     max_pending_bytes: int = 256 << 20  # ... or beyond this many encoded bytes pending
     sync_interval_ms: int = 10  # min gap between group fsyncs of the consume logs
+    #: fired messages are pullable as soon as they are in the consume log, before its
+    #: fsync (a crash re-fires what was not synced: redelivered, never lost); False:
+    #: only after the fsync, a group fsync later
+    visible_before_sync: bool = True
     checkpoint_interval_ms: int = 1_000  # replay checkpoint + consumer offsets flush period
     retain_fired_ms: int = 600_000  # keep a fully fired bucket's files this long after its end
     max_record_bytes: int = (16 << 20) - 1  # hard cap of one encoded record (wheel packing)
