@@ -21,6 +21,7 @@ from typing import Any, NoReturn
 
 import qclient
 
+from . import _logging
 from ._config import (
     DEFAULT_BROKER_EXPIRE,
     DEFAULT_BROKER_PORT,
@@ -333,12 +334,21 @@ def _add_auth(p: argparse.ArgumentParser) -> None:
     p.add_argument("--secret-key", help="secret key (or QCLIENT_SECRET_KEY)")
 
 
+def _add_logging(p: argparse.ArgumentParser, level: str) -> None:
+    p.add_argument("--log-level", type=str.upper, choices=_logging.LEVELS, default=level)
+    p.add_argument(
+        "--log-format",
+        choices=_logging.FORMATS,
+        help="text lines or one JSON object per line (default text, or QCLIENT_LOG_FORMAT)",
+    )
+
+
 def _add_server(p: argparse.ArgumentParser, port: int) -> None:
     p.add_argument("--host", default=DEFAULT_HOST, help="address to listen on")
     p.add_argument("--port", type=int, default=port, help="port (0 = a free one)")
     p.add_argument("--tls-cert", help="serve HTTPS with this certificate (PEM)")
     p.add_argument("--tls-key", help="private key of --tls-cert (PEM)")
-    p.add_argument("--log-level", default="INFO")
+    _add_logging(p, "INFO")
     p.add_argument("--ready-file", help=argparse.SUPPRESS)
     p.add_argument("--exit-with-parent", type=int, help=argparse.SUPPRESS)
 
@@ -483,11 +493,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     level = getattr(args, "log_level", None) or os.environ.get("QCLIENT_LOG_LEVEL", "ERROR")
-    logging.basicConfig(
-        level=level.upper(),
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    fmt = getattr(args, "log_format", None) or os.environ.get("QCLIENT_LOG_FORMAT", "text")
+    try:
+        _logging.configure(level, fmt)
+    except ValueError as exc:  # a bad QCLIENT_LOG_LEVEL / QCLIENT_LOG_FORMAT
+        print(f"qclient: error: {exc}", file=sys.stderr)
+        return 2
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:

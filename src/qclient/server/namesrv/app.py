@@ -165,11 +165,16 @@ def create_app(config: NameServerConfig) -> web.Application:
 
 async def run(config: NameServerConfig) -> None:
     app = create_app(config)
+
+    async def ready(addr: str) -> None:
+        log.info("name server serving on %s", addr)
+
     await serve(
         app,
         config.host,
         config.port,
         ssl_ctx=ssl_context(config.tls_cert, config.tls_key),
+        on_ready=ready,
         ready_file=config.ready_file,
         exit_with_parent=config.exit_with_parent,
     )
