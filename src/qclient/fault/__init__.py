@@ -1,8 +1,10 @@
-"""Latency fault tolerance (seed 004): counters, fault table, selection, detector."""
+"""Latency fault tolerance: the fault table, the isolation policy, queue selection and the
+reachability detector (RocketMQ's MQFaultStrategy)."""
 
 from .detector import Detector, http_probe
 from .index import ContextIndex, ThreadLocalIndex
 from .latency import FaultItem, FaultItemSnapshot, LatencyFaultTolerance
+from .policy import FaultPolicy, IsolationPolicy, Outcome
 from .strategy import LATENCY_MAX_MS, NOT_AVAILABLE_MS, MQFaultStrategy
 
 __all__ = [
@@ -12,8 +14,11 @@ __all__ = [
     "Detector",
     "FaultItem",
     "FaultItemSnapshot",
+    "FaultPolicy",
+    "IsolationPolicy",
     "LatencyFaultTolerance",
     "MQFaultStrategy",
+    "Outcome",
     "ThreadLocalIndex",
     "http_probe",
 ]

@@ -11,6 +11,7 @@ import xxhash
 from ..routing.publish_info import MessageQueue, TopicPublishInfo
 from .index import POSITIVE_MASK
 from .latency import LatencyFaultTolerance
+from .policy import FaultPolicy, IsolationPolicy, Outcome
 
 __all__ = ["LATENCY_MAX_MS", "NOT_AVAILABLE_MS", "MQFaultStrategy"]
 
@@ -38,6 +39,7 @@ class MQFaultStrategy:
         not_available_ms: Sequence[int] = NOT_AVAILABLE_MS,
         isolation_latency_ms: int = 10000,
         fault_tolerance: LatencyFaultTolerance | None = None,
+        policy: FaultPolicy | None = None,
     ) -> None:
         self.send_latency_fault_enable = send_latency_fault_enable
         self.start_detector_enable = start_detector_enable
@@ -45,6 +47,7 @@ class MQFaultStrategy:
         self.not_available_duration = tuple(not_available_ms)
         self.isolation_latency_ms = isolation_latency_ms
         self.latency_fault_tolerance = fault_tolerance or LatencyFaultTolerance()
+        self.policy = policy or IsolationPolicy()
 
     # --- the table ---------------------------------------------------------------------
 
@@ -67,6 +70,10 @@ class MQFaultStrategy:
         self.latency_fault_tolerance.update_fault_item(
             broker_name, current_latency, duration, reachable
         )
+
+    def record(self, broker_name: str, latency_ms: float, outcome: Outcome) -> None:
+        """Record one attempt's outcome by the fault policy."""
+        self.policy.apply(self, broker_name, latency_ms, outcome)
 
     # --- selection ---------------------------------------------------------------------
 

@@ -10,9 +10,7 @@ the drivers in ``_drivers.py`` only perform the calls, blocking or with asyncio.
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from collections import deque
 from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -55,8 +53,9 @@ from ..transport.errors import (
     response_outcome,
 )
 from ..transport.http import HttpResponse
+from ._stats import Stats
 
-__all__ = ["CallResult", "HttpCall", "Item", "Plan", "ProducerCore", "Sleep", "Stats"]
+__all__ = ["CallResult", "HttpCall", "Item", "Plan", "ProducerCore", "Sleep"]
 
 log = logging.getLogger(__name__)
 
@@ -124,79 +123,6 @@ def _queued(outcomes: list[CallResult]) -> float:
 
 class _Round(Exception):
     """Some messages of a round must be retried (drives tenacity)."""
-
-
-class _BrokerStats:
-    __slots__ = ("errors", "max_ms", "recent", "requests", "total_ms")
-
-    def __init__(self) -> None:
-        self.requests = 0
-        self.errors = 0
-        self.total_ms = 0.0
-        self.max_ms = 0.0
-        self.recent: deque[float] = deque(maxlen=2048)
-
-
-class Stats:
-    """Counters of a producer; ``snapshot()`` is what ``stats()`` returns."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.sent = 0
-        self.failed = 0
-        self.retried = 0
-        self.requests = 0
-        self._brokers: dict[str, _BrokerStats] = {}
-
-    def request(self, broker: str, latency_ms: float, ok: bool) -> None:
-        with self._lock:
-            self.requests += 1
-            b = self._brokers.get(broker)
-            if b is None:
-                b = self._brokers[broker] = _BrokerStats()
-            b.requests += 1
-            b.errors += not ok
-            b.total_ms += latency_ms
-            b.max_ms = max(b.max_ms, latency_ms)
-            b.recent.append(latency_ms)
-
-    def done(self, sent: int, failed: int) -> None:
-        with self._lock:
-            self.sent += sent
-            self.failed += failed
-
-    def retry(self, n: int) -> None:
-        with self._lock:
-            self.retried += n
-
-    def snapshot(self) -> dict[str, Any]:
-        with self._lock:
-            brokers = {}
-            for name, b in sorted(self._brokers.items()):
-                recent = sorted(b.recent)
-
-                def pct(p: float, recent: list[float] = recent) -> float:
-                    return (
-                        round(recent[min(len(recent) - 1, int(p * len(recent)))], 3)
-                        if recent
-                        else 0.0
-                    )
-
-                brokers[name] = {
-                    "requests": b.requests,
-                    "errors": b.errors,
-                    "avg_ms": round(b.total_ms / b.requests, 3) if b.requests else 0.0,
-                    "p50_ms": pct(0.5),
-                    "p99_ms": pct(0.99),
-                    "max_ms": round(b.max_ms, 3),
-                }
-            return {
-                "sent": self.sent,
-                "failed": self.failed,
-                "retried": self.retried,
-                "requests": self.requests,
-                "brokers": brokers,
-            }
 
 
 class _StopAtDeadline(tenacity.stop.stop_base):
@@ -286,15 +212,8 @@ class ProducerCore:
     # --- the fault table -------------------------------------------------------------
 
     def record(self, broker: str, latency_ms: float, outcome: Outcome) -> None:
-        """Apply DESIGN.md §3's outcome rules to the fault table, and count the request."""
-        strategy = self.strategy
-        if outcome is Outcome.TRANSPORT:
-            # RocketMQ: unreachable only when a detector will set it back
-            strategy.update_fault_item(broker, latency_ms, True, not strategy.start_detector_enable)
-        elif outcome is Outcome.BROKER:
-            strategy.update_fault_item(broker, latency_ms, True, False)
-        else:  # answered, failed before sending, final answer, interrupted
-            strategy.update_fault_item(broker, latency_ms, False, True)
+        """Apply the fault policy to the attempt's outcome, and count the request."""
+        self.strategy.record(broker, latency_ms, outcome)
         self.stats.request(broker, latency_ms, outcome in (Outcome.OK, Outcome.FINAL))
 
     def fault_items(self) -> list[FaultItemSnapshot]:

@@ -12,6 +12,20 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from .. import _tracing
+from .._config import (
+    DEFAULT_BATCH_MAX_BYTES,
+    DEFAULT_BATCH_MAX_MESSAGES,
+    DEFAULT_DETECT_INTERVAL,
+    DEFAULT_DETECT_TIMEOUT,
+    DEFAULT_LINGER_MS,
+    DEFAULT_MAX_BUFFERED_MESSAGES,
+    DEFAULT_MAX_MESSAGE_SIZE,
+    DEFAULT_RETRY_TIMES,
+    DEFAULT_ROUTE_REFRESH_INTERVAL,
+    DEFAULT_SEND_LATENCY_FAULT_ENABLE,
+    DEFAULT_SEND_TIMEOUT,
+    DEFAULT_START_DETECTOR_ENABLE,
+)
 from .._models import Message, MessageBatch, SendResult
 from ..errors import BrokerUnavailableError, InvalidMessageError, QClientError
 from ..fault.index import ThreadLocalIndex
@@ -37,18 +51,18 @@ class Producer(ProducerBase):
         self,
         namesrv: str | Sequence[str],
         *,
-        send_timeout: float = 3.0,
-        retry_times: int = 2,
-        send_latency_fault_enable: bool = True,
-        start_detector_enable: bool = True,
-        detect_interval: float = 2.0,
-        detect_timeout: float = 0.2,
-        route_refresh_interval: float = 30.0,
-        max_message_size: int = 4 * 1024 * 1024,
-        linger_ms: float = 5.0,
-        batch_max_messages: int = 256,
-        batch_max_bytes: int = 1 << 20,
-        max_buffered_messages: int = 100_000,
+        send_timeout: float = DEFAULT_SEND_TIMEOUT,
+        retry_times: int = DEFAULT_RETRY_TIMES,
+        send_latency_fault_enable: bool = DEFAULT_SEND_LATENCY_FAULT_ENABLE,
+        start_detector_enable: bool = DEFAULT_START_DETECTOR_ENABLE,
+        detect_interval: float = DEFAULT_DETECT_INTERVAL,
+        detect_timeout: float = DEFAULT_DETECT_TIMEOUT,
+        route_refresh_interval: float = DEFAULT_ROUTE_REFRESH_INTERVAL,
+        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+        linger_ms: float = DEFAULT_LINGER_MS,
+        batch_max_messages: int = DEFAULT_BATCH_MAX_MESSAGES,
+        batch_max_bytes: int = DEFAULT_BATCH_MAX_BYTES,
+        max_buffered_messages: int = DEFAULT_MAX_BUFFERED_MESSAGES,
         access_key: str | None = None,
         secret_key: str | None = None,
         **options: Any,

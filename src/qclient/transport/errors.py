@@ -30,7 +30,8 @@ __all__ = [
 
 
 class Outcome(enum.Enum):
-    """How an attempt ended, for the fault table (DESIGN.md §3) and the retry decision."""
+    """How an attempt ended, for the retry decision and the fault policy
+    (``qclient.fault.policy``, which alone decides what isolates a broker)."""
 
     OK = "ok"  # answered: latency only, reachable
     CLIENT = "client"  # failed before the request left: reachable, retry
