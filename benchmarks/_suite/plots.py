@@ -10,7 +10,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-__all__ = ["collect", "plot_all"]
+__all__ = ["collect", "plot_all", "plot_chaos_timeline"]
 
 
 def _plt() -> Any:
@@ -128,6 +128,65 @@ def plot_timeline(timelines: Mapping[str, Any], path: Path) -> bool:
     return True
 
 
+#: band colours of the chaos timeline, by fault kind
+_FAULT_COLOURS = {
+    "kill": "tab:red",
+    "stop": "tab:orange",
+    "pause": "tab:purple",
+    "namesrv": "tab:olive",
+    "all_down": "black",
+}
+
+
+def plot_chaos_timeline(timelines: Mapping[str, Any], path: Path) -> bool:
+    """Faults as bands (one row per target), send latency as dots and delivery rate as a
+    line over the run; one panel per label (chaos_bench)."""
+    panels = [(k, v) for k, v in timelines.items() if isinstance(v, dict) and v.get("t_s")]
+    if not panels:
+        return False
+    panels = panels[:3]
+    plt = _plt()
+    fig, axes = plt.subplots(len(panels), 1, figsize=(11, 4.2 * len(panels)), squeeze=False)
+    for ax, (label, tl) in zip(axes[:, 0], panels, strict=True):
+        t, lat = _nums(tl.get("t_s")), _nums(tl.get("latency_ms"))
+        m = min(len(t), len(lat))
+        targets = sorted({str(b[3]) for b in tl.get("bands") or [] if len(b) >= 4})
+        for b in tl.get("bands") or []:
+            if len(b) < 4 or not isinstance(b[0], int | float):
+                continue
+            t1 = b[1] if isinstance(b[1], int | float) and b[1] >= 0 else max(t, default=b[0])
+            row = targets.index(str(b[3]))
+            lo, hi = row / len(targets), (row + 1) / len(targets)
+            ax.axvspan(
+                b[0], t1, ymin=lo, ymax=hi, color=_FAULT_COLOURS.get(b[2], "grey"), alpha=0.25, lw=0
+            )
+        ax.scatter(t[:m], [max(x, 0.01) for x in lat[:m]], s=2, alpha=0.5, label="send latency")
+        ax.set_yscale("log")
+        ax.set_ylabel("send latency, ms")
+        ax.set_xlabel("seconds since the run began")
+        ax.grid(True, which="both", alpha=0.3)
+        rate_t, rate = _nums(tl.get("rate_t_s")), _nums(tl.get("delivered_per_s"))
+        ax2 = ax.twinx()
+        n = min(len(rate_t), len(rate))
+        ax2.plot(rate_t[:n], rate[:n], color="tab:green", lw=1.2, label="delivered/s")
+        ax2.set_ylabel("delivered msgs/s")
+        handles = [
+            plt.Rectangle((0, 0), 1, 1, color=c, alpha=0.25) for c in _FAULT_COLOURS.values()
+        ]
+        ax.legend(
+            handles + ax2.get_legend_handles_labels()[0],
+            [*list(_FAULT_COLOURS), "delivered/s"],
+            fontsize=7,
+            loc="upper left",
+            ncol=3,
+        )
+        ax.set_title(f"{label}: faults (bands, one row per {', '.join(targets)})", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
 def plot_throughput(values: Mapping[str, Any], path: Path) -> bool:
     """Horizontal bars, msgs/s on a log scale."""
     items = [
@@ -161,6 +220,7 @@ def plot_all(results: Mapping[str, Any], out_dir: Path) -> dict[str, str | None]
         ("lateness_cdf", "lateness_samples_ms", plot_lateness_cdf),
         ("failover_timeline", "timeline", plot_timeline),
         ("throughput", "throughput", plot_throughput),
+        ("chaos_timeline", "chaos_timeline", plot_chaos_timeline),
     ]
     for name, key, fn in jobs:
         path = out_dir / f"{name}.png"

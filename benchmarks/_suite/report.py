@@ -17,6 +17,7 @@ BULK_KEYS = {
     "samples_ms",
     "lateness_samples_ms",
     "timeline",
+    "chaos_timeline",
     "throughput",
     "peers",
     "targets",
@@ -273,6 +274,7 @@ def write_report(results: Mapping[str, Any], out_dir: Path) -> Path:
         "lateness_cdf": "Firing lateness CDF",
         "failover_timeline": "Send latency around a broker kill / hang (failover_bench)",
         "throughput": "Throughput",
+        "chaos_timeline": "Chaos soak: faults, send latency, delivery rate (chaos_bench)",
     }
     for key, caption in captions.items():
         f = plots.get(key)

@@ -1,0 +1,449 @@
+"""Chaos soak: faults on repeat while traffic flows, then every acknowledgement checked.
+
+On a 3-broker ``LocalCluster`` (fsync on), producers of every kind -- sync threads,
+``send_async``, ``AsyncProducer``, ``send_batch`` -- send delayed messages (most due
+within ``--short-max`` s, some up to ``--long-max`` s; a few re-send an acknowledged id on
+purpose), while a nemesis with a fixed seed kills -9, SIGSTOPs, cleanly stops and
+restarts brokers and the name server (overlapping, never every broker at once, except
+once for ``--all-down`` s), and consumer-group members (child processes) join and are
+killed. Then a fresh consumer group reads every queue from the start and the run checks:
+every acknowledged message delivered (lost), none early, none with changed content,
+duplicates (copies stored twice, on two brokers or two offsets), errors that reached
+callers per fault kind, send-latency p99 per phase, and recovery times.
+
+    python -m benchmarks.chaos_bench [--json] [--smoke] [--duration 60] [--seed 17]
+        [--plot chaos_timeline.png]
+
+Exit status 1 when a hard check fails (lost, early, wrong content, a fault that did not
+heal); the JSON is printed first either way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import logging
+import random
+import signal
+import sys
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from benchmarks._chaos import (
+    TOPIC,
+    Band,
+    Clock,
+    Ledger,
+    Members,
+    Nemesis,
+    Receipt,
+    faults_at,
+    summary,
+)
+from benchmarks._chaos_member import body_for
+from qclient import AsyncProducer, Consumer, LocalCluster, Message, Producer
+from qclient.errors import QClientError
+
+log = logging.getLogger("benchmarks.chaos_bench")
+
+SEND_TIMEOUT = 3.0
+RESEND_FRACTION = 0.03
+
+
+class Traffic:
+    """The producers: one thread per kind, each paced to its rate, until ``stop``."""
+
+    def __init__(self, namesrv: str, ledger: Ledger, args: argparse.Namespace) -> None:
+        self.namesrv = namesrv
+        self.ledger = ledger
+        self.args = args
+        self.stop = threading.Event()
+        self._ids = itertools.count()
+        self._threads: list[threading.Thread] = []
+
+    def _next(self, rng: random.Random, kind: str) -> tuple[str, dict[str, float]]:
+        """A new id and delay, or (now and then) an acknowledged id again, same time."""
+        if rng.random() < RESEND_FRACTION:
+            got = self.ledger.pick_resend(rng, int(time.time() * 1000) + 1500)
+            if got is not None:
+                return got[0], {"deliver_at": got[1] / 1000}
+        a = self.args
+        hi = a.long_max if rng.random() < a.long_fraction else a.short_max
+        return f"{kind}-{next(self._ids)}", {"delay": round(rng.uniform(0.5, hi), 3)}
+
+    def start(self) -> None:
+        a = self.args
+        specs: list[tuple[str, Callable[[random.Random], None]]] = [
+            *[(f"sync{i}", self._sync) for i in range(2)],
+            ("send_async", self._send_async),
+            ("async_producer", self._async_producer),
+            ("batch", self._batch),
+        ]
+        for i, (name, fn) in enumerate(specs):
+            rng = random.Random(a.seed * 1000 + i)
+            t = threading.Thread(target=fn, args=(rng,), name=name, daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def join(self) -> None:
+        self.stop.set()
+        for t in self._threads:
+            t.join(60)
+
+    def _paced(self, rate: float) -> Any:
+        """Yields until ``stop``, ``rate`` times a second (catching up at most 1 s)."""
+        interval = 1 / rate
+        nxt = time.monotonic()
+        while not self.stop.is_set():
+            yield
+            nxt = max(nxt + interval, time.monotonic() - 1)
+            self.stop.wait(max(0.0, nxt - time.monotonic()))
+
+    def _producer(self) -> Producer:
+        return Producer(self.namesrv, send_timeout=SEND_TIMEOUT)
+
+    def _sync(self, rng: random.Random) -> None:
+        ledger, clock = self.ledger, self.ledger.clock
+        with self._producer() as p:
+            for _ in self._paced(self.args.rate):
+                mid, when = self._next(rng, "sync")
+                start = clock()
+                try:
+                    r = p.send_delayed(TOPIC, body_for(mid), msg_id=mid, **when)
+                except Exception as exc:
+                    ledger.fail("sync", start, exc)
+                else:
+                    ledger.ok("sync", start, [r])
+
+    def _send_async(self, rng: random.Random) -> None:
+        ledger, clock = self.ledger, self.ledger.clock
+        with self._producer() as p:
+            for _ in self._paced(self.args.rate * 2):
+                mid, when = self._next(rng, "send_async")
+                start = clock()
+
+                def done(fut: Any, start: float = start) -> None:
+                    exc = fut.exception()
+                    if exc is not None:
+                        ledger.fail("send_async", start, exc)
+                    else:
+                        ledger.ok("send_async", start, [fut.result()])
+
+                try:
+                    fut = p.send_async(Message(TOPIC, body_for(mid), msg_id=mid, **when))
+                except Exception as exc:
+                    ledger.fail("send_async", start, exc)
+                else:
+                    fut.add_done_callback(done)
+            try:
+                p.flush(timeout=SEND_TIMEOUT * 4)
+            except Exception as exc:
+                ledger.fail("send_async", clock(), exc)
+
+    def _async_producer(self, rng: random.Random) -> None:
+        ledger, clock = self.ledger, self.ledger.clock
+
+        async def one(ap: AsyncProducer, mid: str, when: dict[str, float]) -> None:
+            start = clock()
+            try:
+                r = await ap.send_delayed(TOPIC, body_for(mid), msg_id=mid, **when)
+            except Exception as exc:
+                ledger.fail("async_producer", start, exc)
+            else:
+                ledger.ok("async_producer", start, [r])
+
+        async def run() -> None:
+            tasks: set[asyncio.Task[None]] = set()
+            interval = 1 / self.args.rate
+            async with AsyncProducer(self.namesrv, send_timeout=SEND_TIMEOUT) as ap:
+                while not self.stop.is_set():
+                    if len(tasks) < 64:
+                        t = asyncio.create_task(one(ap, *self._next(rng, "async_producer")))
+                        tasks.add(t)
+                        t.add_done_callback(tasks.discard)
+                    await asyncio.sleep(interval)
+                if tasks:
+                    await asyncio.wait(tasks, timeout=SEND_TIMEOUT * 4)
+
+        asyncio.run(run())
+
+    def _batch(self, rng: random.Random) -> None:
+        ledger, clock = self.ledger, self.ledger.clock
+        with self._producer() as p:
+            for _ in self._paced(self.args.rate / 8):
+                msgs = []
+                for _i in range(16):
+                    mid, when = self._next(rng, "batch")
+                    msgs.append(Message(TOPIC, body_for(mid), msg_id=mid, **when))
+                start = clock()
+                try:
+                    results = p.send_batch(msgs)
+                except Exception as exc:
+                    ledger.fail("batch", start, exc, len(msgs))
+                else:
+                    ledger.ok("batch", start, results)
+
+
+def audit(namesrv: str, ledger: Ledger, deadline: float) -> list[Any]:
+    """Read every queue from offset 0 with a fresh group until each acknowledged id is
+    seen and the last is due, or ``deadline`` (time.monotonic)."""
+    want = set(ledger.acked)
+    last_due = max((d for d, _, _ in ledger.acked.values()), default=0)
+    got: list[Any] = []
+    seen: set[str] = set()
+    with Consumer(namesrv, TOPIC, f"audit-{int(time.time())}") as c:
+        while time.monotonic() < deadline:
+            try:
+                batch = c.poll(1024, timeout=0.5)
+            except QClientError:
+                time.sleep(0.2)
+                continue
+            got.extend(batch)
+            seen.update(m.msg_id for m in batch)
+            if want <= seen and time.time() * 1000 > last_due + 2000 and not batch:
+                break
+    return got
+
+
+def analyse(
+    ledger: Ledger,
+    copies: list[Any],
+    receipts: list[Receipt],
+    bands: list[Band],
+    end: float,
+) -> dict[str, Any]:
+    """The checks and figures of one run."""
+    acked = ledger.acked
+    by_id: dict[str, set[tuple[str, int, int]]] = defaultdict(set)
+    early = wrong = 0
+    for m in copies:
+        by_id[m.msg_id].add((m.broker_name, m.queue_id, m.offset))
+        if m.fired_at_ms < m.deliver_at_ms:
+            early += 1
+        if m.body != body_for(m.msg_id):
+            wrong += 1
+    lost = [mid for mid in acked if mid not in by_id]
+    dup_ids = {mid: len(s) - 1 for mid, s in by_id.items() if len(s) > 1}
+    dups = sum(dup_ids.values())
+    # a duplicate whose message was due well after the faults around its send had ended:
+    # a producer that cancels ambiguous copies once the broker answers again prevents it
+    long_dups = 0
+    wall_ms = ledger.clock.wall_ms
+    for mid, n in dup_ids.items():
+        if mid in acked:
+            deliver_ms, _, t_ack = acked[mid]
+            ends = [b.t1 if b.t1 >= 0 else end for b in bands if b.t0 <= t_ack]
+            ends = [e for e in ends if e >= t_ack - SEND_TIMEOUT - 1]
+            if ends and deliver_ms > wall_ms(max(ends)) + 2000:
+                long_dups += n
+    resent_dups = sum(n for mid, n in dup_ids.items() if mid in ledger.resent)
+
+    kinds = Counter(b.kind for b in bands)
+    errors_by_fault: dict[str, int] = Counter()
+    for t, _kind, _err in ledger.errors:
+        on = faults_at(bands, t, end, before=SEND_TIMEOUT + 0.5)
+        for k in on or {"none"}:
+            errors_by_fault[k] += 1
+    phases: dict[str, list[float]] = defaultdict(list)
+    for t, lat, _kind in ledger.sends:
+        on = faults_at(bands, t, end)
+        phases["+".join(sorted(on)) if on else "calm"].append(lat)
+        for k in on:
+            phases[f"any {k}"].append(lat)
+    recovery: dict[str, list[float]] = defaultdict(list)
+    for b in bands:
+        if b.recovery_s is not None and b.kind != "pause":
+            recovery[b.kind].append(b.recovery_s)
+    # back in use: the first acknowledgement by a broker after its fault ended
+    back: dict[str, list[float]] = defaultdict(list)
+    acks_by_broker: dict[str, list[float]] = defaultdict(list)
+    for _d, broker, t in acked.values():
+        acks_by_broker[broker].append(t)
+    for ts in acks_by_broker.values():
+        ts.sort()
+    for b in bands:
+        if b.target.startswith("broker") and b.t1 >= 0:
+            after = [t for t in acks_by_broker.get(b.target, []) if t >= b.t1]
+            if after:
+                back[b.kind].append(round(after[0] - b.t1, 2))
+    first_receipt: dict[str, float] = {}
+    redelivered = Counter()
+    for r in receipts:
+        if r.msg_id in first_receipt:
+            redelivered[r.msg_id] += 1
+        else:
+            first_receipt[r.msg_id] = r.t
+    n_acked = len(acked)
+    kills = kinds.get("kill", 0)
+    kill_errors = errors_by_fault.get("kill", 0)
+    return {
+        "acknowledged": n_acked,
+        "failed_messages": ledger.failed_messages,
+        "delivered_distinct": len(by_id),
+        "lost": len(lost),
+        "lost_ids_sample": lost[:10],
+        "early": early,
+        "wrong_content": wrong,
+        "duplicates": dups,
+        "duplicates_pct": round(100 * dups / n_acked, 3) if n_acked else 0.0,
+        "duplicates_of_resent_ids": resent_dups,
+        "duplicates_due_after_fault": long_dups,
+        "resent_ids": len(ledger.resent),
+        "errors_to_callers": len(ledger.errors),
+        "errors_by_fault": dict(errors_by_fault),
+        "errors_by_type": dict(Counter(e for _, _, e in ledger.errors)),
+        "errors_per_kill": round(kill_errors / kills, 2) if kills else 0.0,
+        "faults": dict(kinds),
+        "send_latency_by_phase": {k: summary(v) for k, v in sorted(phases.items())},
+        "recovery_s": {k: summary([x * 1000 for x in v]) for k, v in recovery.items()},
+        "back_in_use_s": {k: max(v) for k, v in back.items()},
+        "member_receipts": len(receipts),
+        "member_redeliveries": sum(redelivered.values()),
+        "member_delivered_distinct": len(first_receipt),
+        "_first_receipts": first_receipt,
+    }
+
+
+def timeline(ledger: Ledger, first_receipt: dict[str, float], bands: list[Band]) -> dict[str, Any]:
+    """Send latency and delivery rate over time, with the faults as bands."""
+    sends = ledger.sends
+    step = max(1, len(sends) // 5000)
+    sample = sends[::step]
+    per_s = Counter(int(t) for t in first_receipt.values())
+    span = range(0, max(per_s, default=0) + 1)
+    return {
+        "t_s": [round(t, 3) for t, _, _ in sample],
+        "latency_ms": [round(lat, 2) for _, lat, _ in sample],
+        "rate_t_s": list(span),
+        "delivered_per_s": [per_s.get(s, 0) for s in span],
+        "bands": [[round(b.t0, 2), round(b.t1, 2), b.kind, b.target] for b in bands],
+    }
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    with LocalCluster(brokers=3, heartbeat_interval=0.5, broker_expire=3.0) as cluster:
+        clock = Clock()  # the run begins once the cluster serves
+        ledger = Ledger(clock)
+        members = Members(cluster.namesrv, clock, session_s=3.0)
+        nemesis = Nemesis(
+            cluster,
+            members,
+            clock,
+            seed=args.seed,
+            until=args.duration - 4,
+            gap_s=(args.gap_min, args.gap_max),
+            all_down_at=args.duration * 0.6,
+            all_down_s=args.all_down,
+        )
+        traffic = Traffic(cluster.namesrv, ledger, args)
+        try:
+            for _ in range(2):
+                members.join()
+            traffic.start()
+            time.sleep(1.0)  # calm first: a baseline phase
+            nemesis.start()
+            while clock() < args.duration:
+                time.sleep(0.2)
+            traffic.join()
+            nemesis.halt()
+            nemesis.join(120)
+            end = clock()
+            last_due = max((d for d, _, _ in ledger.acked.values()), default=0)
+            wait_s = max(0.0, last_due / 1000 - time.time()) + args.grace
+            copies = audit(cluster.namesrv, ledger, time.monotonic() + wait_s)
+        finally:
+            traffic.stop.set()
+            nemesis.halt()
+            nemesis.heal()
+            members.close()
+    out = analyse(ledger, copies, members.receipts, nemesis.bands, end)
+    first = out.pop("_first_receipts")
+    out["timeline_data"] = timeline(ledger, first, nemesis.bands)
+    out["events"] = [[round(t, 2), e] for t, e in nemesis.events]
+    out["nemesis_failures"] = nemesis.failures
+    out["member_errors"] = members.errors
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true", help="print one JSON object last")
+    ap.add_argument(
+        "--smoke", action="store_true", help="the ~60 s run of make test (40 s of faults)"
+    )
+    ap.add_argument("--duration", type=float, default=600.0, help="seconds of traffic")
+    ap.add_argument("--seed", type=int, default=17)
+    ap.add_argument("--rate", type=float, default=15.0, help="sends/s of one sync thread")
+    ap.add_argument("--short-max", type=float, default=10.0, help="most delays: 0.5..this s")
+    ap.add_argument("--long-max", type=float, default=300.0, help="the rest: 0.5..this s")
+    ap.add_argument("--long-fraction", type=float, default=0.1)
+    ap.add_argument("--gap-min", type=float, default=2.0, help="s between nemesis actions")
+    ap.add_argument("--gap-max", type=float, default=5.0)
+    ap.add_argument("--all-down", type=float, default=3.0, help="s every broker is down once")
+    ap.add_argument("--grace", type=float, default=20.0, help="s to wait for the last ones")
+    ap.add_argument("--plot", type=Path, help="also draw the timeline PNG here")
+    args = ap.parse_args()
+    if args.smoke:
+        args.duration, args.short_max, args.long_max, args.grace = 40.0, 5.0, 12.0, 10.0
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    # SIGTERM (the runner's time limit) unwinds the cluster and the members
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    t = time.monotonic()
+    out = run(args)
+    out["run_s"] = round(time.monotonic() - t, 1)
+    out["seed"] = args.seed
+    out["duration_s"] = args.duration
+    tl = out.pop("timeline_data")
+    out["chaos_timeline"] = {"chaos_bench": {**tl, "events": out.pop("events")}}
+    out["targets"] = [
+        _target("lost", out["lost"], "== 0", out["lost"] == 0),
+        _target("early", out["early"], "== 0", out["early"] == 0),
+        _target("wrong content", out["wrong_content"], "== 0", out["wrong_content"] == 0),
+        _target(
+            "errors per broker kill", out["errors_per_kill"], "<= 2", out["errors_per_kill"] <= 2
+        ),
+        _target(
+            "duplicates % of acknowledged",
+            out["duplicates_pct"],
+            "<= 0.1",
+            out["duplicates_pct"] <= 0.1,
+        ),
+        _target(
+            "duplicates due after the fault",
+            out["duplicates_due_after_fault"],
+            "== 0",
+            out["duplicates_due_after_fault"] == 0,
+        ),
+    ]
+    if args.plot:
+        from benchmarks._suite.plots import plot_chaos_timeline
+
+        plot_chaos_timeline(out["chaos_timeline"], args.plot)
+    hard = out["lost"] or out["early"] or out["wrong_content"] or out["nemesis_failures"]
+    text = json.dumps(out)
+    if args.json:
+        print(text)
+    else:
+        brief = {k: v for k, v in out.items() if k not in ("chaos_timeline",)}
+        print(json.dumps(brief, indent=1))
+    if hard:
+        print(
+            f"chaos_bench: FAILED: lost={out['lost']} early={out['early']} "
+            f"wrong_content={out['wrong_content']} nemesis={out['nemesis_failures']}",
+            file=sys.stderr,
+        )
+        sys.exit(1)
+
+
+def _target(name: str, value: float, target: str, met: bool) -> dict[str, Any]:
+    return {"name": name, "value": value, "target": target, "met": bool(met)}
+
+
+if __name__ == "__main__":
+    main()
