@@ -14,6 +14,8 @@ __all__ = [
     "DELAY_LEVELS",
     "Message",
     "MessageBatch",
+    "MessageInfo",
+    "MessageState",
     "ReceivedMessage",
     "SendResult",
     "SendStatus",
@@ -258,3 +260,39 @@ def delay_level(level: int) -> timedelta:
 
         raise InvalidMessageError(f"delay level must be 1..{len(DELAY_LEVELS)}, got {level}")
     return timedelta(seconds=DELAY_LEVELS[level - 1])
+
+
+class MessageState(enum.StrEnum):
+    """Where a stored message is in its life."""
+
+    SCHEDULED = "scheduled"
+    FIRED = "fired"
+    CANCELLED = "cancelled"
+
+
+@dataclass(frozen=True, slots=True)
+class MessageInfo:
+    """What a lookup found: the message's state, broker and times (epoch ms).
+
+    ``fired_at_ms`` is None unless the message fired. ``copies`` counts the brokers that
+    hold the id (more than one only after a retry whose first attempt was stored too).
+    """
+
+    msg_id: str
+    topic: str
+    broker_name: str
+    state: MessageState
+    deliver_at_ms: int
+    fired_at_ms: int | None = None
+    queue_id: int = 0
+    copies: int = 1
+
+    @property
+    def deliver_at(self) -> datetime:
+        return datetime.fromtimestamp(self.deliver_at_ms / 1000, tz=UTC)
+
+    @property
+    def fired_at(self) -> datetime | None:
+        if self.fired_at_ms is None:
+            return None
+        return datetime.fromtimestamp(self.fired_at_ms / 1000, tz=UTC)

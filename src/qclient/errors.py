@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ._models import SendResult
+    from ._models import MessageState, SendResult
 
 __all__ = [
     "AuthError",
@@ -16,6 +16,7 @@ __all__ = [
     "BrokerUnavailableError",
     "BufferFullError",
     "InvalidMessageError",
+    "MessageNotScheduledError",
     "MessageTooLargeError",
     "NameServerUnavailableError",
     "ProducerClosedError",
@@ -89,6 +90,17 @@ class AuthError(QClientError):
     def __init__(self, message: str, *, code: str = "UNAUTHORIZED") -> None:
         super().__init__(message)
         self.code = code
+
+
+class MessageNotScheduledError(QClientError):
+    """The message cannot be moved: it fired, was cancelled, or no broker knows it.
+
+    ``state`` is the ``MessageState`` it is in, or None when the id is unknown.
+    """
+
+    def __init__(self, message: str, *, state: MessageState | None = None) -> None:
+        super().__init__(message)
+        self.state = state
 
 
 class ProducerClosedError(QClientError):

@@ -29,7 +29,7 @@ from .._config import (
     DEFAULT_SEND_TIMEOUT,
     DEFAULT_START_DETECTOR_ENABLE,
 )
-from .._models import Message, MessageBatch, SendResult
+from .._models import Message, MessageBatch, MessageInfo, SendResult
 from ..errors import (
     BrokerUnavailableError,
     InvalidMessageError,
@@ -38,8 +38,9 @@ from ..errors import (
 )
 from ..fault.index import ContextIndex
 from ..routing.nameserver import AsyncNameServerClient
-from ..routing.publish_info import TopicPublishInfo
+from ..routing.publish_info import TopicPublishInfo, master_addrs
 from ..transport.http import AsyncHttp
+from . import lifecycle
 from ._background import Background
 from ._base import ProducerBase, batch_outcome
 from ._core import Item
@@ -267,12 +268,53 @@ class AsyncProducer(ProducerBase):
         _tracing.end_batch(op, results, self._core.routes.resolve)
         return batch_outcome(results)
 
-    async def cancel(self, result: SendResult) -> bool:
-        """Cancel a scheduled message before it fires; True if it was cancelled."""
+    async def cancel(
+        self,
+        result: SendResult | None = None,
+        *,
+        topic: str | None = None,
+        msg_id: str | None = None,
+    ) -> bool:
+        """As ``Producer.cancel``: by ``result`` or by ``topic`` + ``msg_id``."""
         self._check_open()
+        if result is not None and not result.topic:
+            return await self._cancel_on(result)
+        topic, msg_id, hint = lifecycle.cancel_target(result, topic, msg_id)
+        addrs = await self._addrs(topic)
+        plan = lifecycle.plan_cancel_id(self._core, addrs, topic, msg_id, hint)
+        return bool(await run_async(plan, self._http))
+
+    async def lookup(self, topic: str, msg_id: str) -> MessageInfo | None:
+        """As ``Producer.lookup``."""
+        self._check_open()
+        lifecycle.check_id(topic, msg_id)
+        plan = lifecycle.plan_lookup(self._core, await self._addrs(topic), topic, msg_id)
+        info: MessageInfo | None = await run_async(plan, self._http)
+        return info
+
+    async def reschedule(
+        self,
+        topic: str,
+        msg_id: str,
+        *,
+        delay: float | timedelta | None = None,
+        deliver_at: datetime | float | None = None,
+    ) -> SendResult:
+        """As ``Producer.reschedule``."""
+        self._check_open()
+        request = lifecycle.reschedule_request(self._core, topic, msg_id, delay, deliver_at)
+        plan = lifecycle.plan_reschedule(self._core, await self._addrs(topic), request)
+        result: SendResult = await run_async(plan, self._http)
+        return result
+
+    async def _addrs(self, topic: str) -> dict[str, str]:
+        info = self._core.cached_route(topic)
+        if info is None:
+            info = self._core.store_route(topic, await self._ns.get_route(topic))
+        return master_addrs(info.route)
+
+    async def _cancel_on(self, result: SendResult) -> bool:
         addr = self._core.routes.resolve(result.broker_name)
-        if addr is None and result.topic:
-            addr = (await self._info(result.topic)).broker_addrs.get(result.broker_name)
         if addr is None:
             raise BrokerUnavailableError(
                 f"broker {result.broker_name} is in no known route", broker_name=result.broker_name

@@ -26,11 +26,12 @@ from .._config import (
     DEFAULT_SEND_TIMEOUT,
     DEFAULT_START_DETECTOR_ENABLE,
 )
-from .._models import Message, MessageBatch, SendResult
+from .._models import Message, MessageBatch, MessageInfo, SendResult
 from ..errors import BrokerUnavailableError, InvalidMessageError, QClientError
 from ..fault.index import ThreadLocalIndex
-from ..routing.publish_info import TopicPublishInfo
+from ..routing.publish_info import TopicPublishInfo, master_addrs
 from ..transport.http import SyncHttp
+from . import lifecycle
 from ._background import Background
 from ._base import ProducerBase, batch_outcome
 from ._core import Item, Plan
@@ -239,12 +240,54 @@ class Producer(ProducerBase):
             raise
         return future
 
-    def cancel(self, result: SendResult) -> bool:
-        """Cancel a scheduled message before it fires; True if it was cancelled."""
+    def cancel(
+        self,
+        result: SendResult | None = None,
+        *,
+        topic: str | None = None,
+        msg_id: str | None = None,
+    ) -> bool:
+        """Cancel a scheduled message (``result``, or ``topic`` + ``msg_id``) on every
+        broker holding a copy; True if a copy was cancelled before it fired."""
         self._check_open()
+        if result is not None and not result.topic:
+            return self._cancel_on(result)
+        topic, msg_id, hint = lifecycle.cancel_target(result, topic, msg_id)
+        plan = lifecycle.plan_cancel_id(self._core, self._addrs(topic), topic, msg_id, hint)
+        return bool(run_sync(plan, self._http, self._executor))
+
+    def lookup(self, topic: str, msg_id: str) -> MessageInfo | None:
+        """The state and times of a message any producer sent; None if no broker knows it."""
+        self._check_open()
+        lifecycle.check_id(topic, msg_id)
+        plan = lifecycle.plan_lookup(self._core, self._addrs(topic), topic, msg_id)
+        info: MessageInfo | None = run_sync(plan, self._http, self._executor)
+        return info
+
+    def reschedule(
+        self,
+        topic: str,
+        msg_id: str,
+        *,
+        delay: float | timedelta | None = None,
+        deliver_at: datetime | float | None = None,
+    ) -> SendResult:
+        """Move a scheduled message to a new time, atomically on each broker (it fires
+        once, at the new time); ``MessageNotScheduledError`` if it is not scheduled."""
+        self._check_open()
+        request = lifecycle.reschedule_request(self._core, topic, msg_id, delay, deliver_at)
+        plan = lifecycle.plan_reschedule(self._core, self._addrs(topic), request)
+        result: SendResult = run_sync(plan, self._http, self._executor)
+        return result
+
+    def _addrs(self, topic: str) -> dict[str, str]:
+        info = self._core.cached_route(topic)
+        if info is None:
+            info = self._core.store_route(topic, self._ns.get_route(topic))
+        return master_addrs(info.route)
+
+    def _cancel_on(self, result: SendResult) -> bool:
         addr = self._core.routes.resolve(result.broker_name)
-        if addr is None and result.topic:
-            addr = self._info(result.topic).broker_addrs.get(result.broker_name)
         if addr is None:
             raise BrokerUnavailableError(
                 f"broker {result.broker_name} is in no known route", broker_name=result.broker_name

@@ -60,6 +60,8 @@ NAMESRV_BROKERS = "/v1/brokers"
 NAMESRV_ROUTE = "/v1/routes/{topic}"
 BROKER_SEND = "/v1/send"
 BROKER_CANCEL = "/v1/cancel"
+BROKER_LOOKUP = "/v1/lookup"
+BROKER_RESCHEDULE = "/v1/reschedule"
 BROKER_PULL = "/v1/pull"
 BROKER_GROUP_HEARTBEAT = "/v1/groups/heartbeat"
 BROKER_TOPICS = "/v1/topics"
@@ -230,12 +232,52 @@ class SendResponse(_Base):
 class CancelRequest(_Base):
     topic: str
     msg_id: str
-    deliver_at_ms: int
+    #: the deliver time from the SendResult, if known (a hint: brokers find ids by index)
+    deliver_at_ms: int | None = None
 
 
 class CancelResponse(_Base):
     cancelled: bool
     reason: str | None = None  # "not_found", "already_fired", ...
+
+
+# --- broker: message lifecycle ---------------------------------------------------
+
+#: states of a stored message (``LookupResponse.state``, ``RescheduleResponse.state``)
+STATE_SCHEDULED = "scheduled"
+STATE_FIRED = "fired"
+STATE_CANCELLED = "cancelled"
+
+
+class LookupRequest(_Base):
+    topic: str
+    msg_id: str
+
+
+class LookupResponse(_Base):
+    broker_name: str
+    found: bool
+    state: str | None = None  # one of the STATE_* when found
+    queue_id: int = 0
+    deliver_at_ms: int = 0
+    fired_at_ms: int | None = None
+
+
+class RescheduleRequest(_Base):
+    topic: str
+    msg_id: str
+    #: exactly one of them: relative to the broker's clock, or absolute (epoch ms)
+    delay_ms: int | None = None
+    deliver_at_ms: int | None = None
+
+
+class RescheduleResponse(_Base):
+    broker_name: str
+    rescheduled: bool
+    #: when not rescheduled: the message's state, None if this broker does not know it
+    state: str | None = None
+    queue_id: int = 0
+    deliver_at_ms: int = 0
 
 
 # --- broker: consume -------------------------------------------------------------

@@ -31,6 +31,7 @@ from ..store import (
     StoreError,
     wall_clock_ms,
 )
+from . import lifecycle
 from .config import BrokerConfig
 from .disk import DiskGuard
 from .groups import GroupTable, group_heartbeat, group_pull
@@ -396,26 +397,6 @@ class Broker:
             cfg is not None and bool(cfg.perm & wire.PERM_WRITE) and queue_id < cfg.write_queue_nums
         )
 
-    async def cancel(self, request: web.Request) -> web.Response:
-        body = await read_body(request, wire.CancelRequest)
-        if not wire.valid_topic(body.topic):
-            raise ApiError(400, ErrorCode.INVALID_TOPIC, f"invalid topic name {body.topic!r}")
-        if not wire.MSG_ID_RE.match(body.msg_id):
-            raise ApiError(400, ErrorCode.INVALID_MESSAGE, "msg_id must be 1-128 printable ASCII")
-        if not 0 <= body.deliver_at_ms < 2**63:  # issue 6 (fuzz): was a 500 from the store
-            raise ApiError(400, ErrorCode.INVALID_DELAY, "deliver_at_ms must be 0..2**63-1")
-        self.authorize(request, {body.topic})
-        try:
-            outcome = await asyncio.wrap_future(
-                self.store.cancel(body.topic, body.msg_id, body.deliver_at_ms)
-            )
-        except InvalidRecordError as exc:  # issue 6: bad input, not a store failure
-            raise ApiError(400, ErrorCode.INVALID_REQUEST, str(exc)) from None
-        except StoreError as exc:
-            raise ApiError(500, ErrorCode.STORE_ERROR, f"store error: {exc}") from None
-        self.counters["cancelled" if outcome.cancelled else "cancel_misses"] += 1
-        return reply(request, wire.CancelResponse(outcome.cancelled, outcome.reason))
-
     async def pull(self, request: web.Request) -> web.Response:
         body = await read_body(request, wire.PullRequest)
         if not wire.valid_topic(body.topic):
@@ -561,7 +542,9 @@ def create_app(config: BrokerConfig) -> tuple[web.Application, Broker]:
     app = make_app(config.max_request_bytes, middlewares)
     app["broker"] = broker
     app.router.add_post(wire.BROKER_SEND, broker.send)
-    app.router.add_post(wire.BROKER_CANCEL, broker.cancel)
+    app.router.add_post(wire.BROKER_CANCEL, lifecycle.cancel)
+    app.router.add_post(wire.BROKER_LOOKUP, lifecycle.lookup)
+    app.router.add_post(wire.BROKER_RESCHEDULE, lifecycle.reschedule)
     app.router.add_post(wire.BROKER_PULL, broker.pull)
     app.router.add_post(wire.BROKER_GROUP_HEARTBEAT, group_heartbeat)
     app.router.add_post(wire.BROKER_TOPICS, broker.create_topic)
