@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -273,21 +274,24 @@ def test_batch_in_order_and_partial_failure(mock: respx.MockRouter) -> None:
 
 
 def test_cancel(mock: respx.MockRouter) -> None:
-    mock.post(f"http://{A}/v1/cancel").mock(
-        return_value=msgpack_response(CancelResponse(cancelled=True))
-    )
-    mock.post(f"http://{B}/v1/cancel").mock(
-        return_value=msgpack_response(CancelResponse(cancelled=False, reason="already_fired"))
-    )
+    # a cancel asks every broker of the topic (a retried send may have left a copy on
+    # another one): True when any copy was cancelled
+    answers = {A: [True, False], B: [False, False]}
+
+    def answer(addr: str) -> Any:
+        cancelled = answers[addr].pop(0)
+        reason = None if cancelled else "already_fired"
+        return msgpack_response(CancelResponse(cancelled=cancelled, reason=reason))
+
+    route_a = mock.post(f"http://{A}/v1/cancel").mock(side_effect=lambda _r: answer(A))
+    route_b = mock.post(f"http://{B}/v1/cancel").mock(side_effect=lambda _r: answer(B))
     with producer() as p:
         p._info("t")
-        by = {}
-        for name in BROKERS:
-            sends_to(p, name)
-            r = p.send_delayed("t", b"x", delay=60)
-            by[r.broker_name] = r
-        assert p.cancel(by["broker-a"]) is True
-        assert p.cancel(by["broker-b"]) is False
+        sends_to(p, "broker-a")
+        r = p.send_delayed("t", b"x", delay=60)
+        assert p.cancel(r) is True
+        assert p.cancel(topic="t", msg_id=r.msg_id) is False
+    assert route_a.call_count == route_b.call_count == 2
 
 
 def test_closed_producer_and_idempotent_close(mock: respx.MockRouter) -> None:

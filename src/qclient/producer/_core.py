@@ -55,7 +55,15 @@ from ..transport.errors import (
 from ..transport.http import HttpResponse
 from ._stats import Stats
 
-__all__ = ["CallResult", "HttpCall", "Item", "Plan", "ProducerCore", "Sleep"]
+__all__ = [
+    "CallResult",
+    "HttpCall",
+    "Item",
+    "Plan",
+    "ProducerCore",
+    "Sleep",
+    "carry_remaining_delay",
+]
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +87,8 @@ class Item:
     error: QClientError | None = None
     #: the message's send span (``_tracing.start_send``), ended with its result
     trace: Any = None
+    #: the delay of the first attempt (ms), once a retry has shortened ``wire.delay_ms``
+    first_delay_ms: int | None = None
 
     @property
     def size(self) -> int:
@@ -134,6 +144,20 @@ class _StopAtDeadline(tenacity.stop.stop_base):
 
 def _no_sleep(_seconds: float) -> None:  # the drivers sleep, not tenacity
     return None
+
+
+def carry_remaining_delay(items: list[Item], first_attempt: float) -> None:
+    """A retry asks for the delay less the time since the first attempt (monotonic), so a
+    copy stored by a timed-out attempt and the acknowledged one share a deliver time to a
+    few ms; the broker still turns it into a time by its own clock, so client clock skew
+    does not matter."""
+    spent = int((time.monotonic() - first_attempt) * 1000)
+    for it in items:
+        if it.first_delay_ms is None:
+            if not it.wire.delay_ms:
+                continue  # absolute or immediate: nothing to carry
+            it.first_delay_ms = it.wire.delay_ms
+        it.wire.delay_ms = max(0, it.first_delay_ms - spent)
 
 
 class ProducerCore:
@@ -245,6 +269,7 @@ class ProducerCore:
         if deadline is None:
             deadline = time.monotonic() + self.cfg.send_timeout
         # The first attempt runs without the retry machinery: most sends need no retry.
+        first_attempt = time.monotonic()
         if one_chunk:
             first = items[0].queue
             assert first is not None
@@ -257,7 +282,7 @@ class ProducerCore:
         pending = self._absorb(calls, outcomes, results)
         attempts = 1
         if pending:
-            pending, attempts = yield from self._retries(pending, deadline, results)
+            pending, attempts = yield from self._retries(pending, deadline, results, first_attempt)
         for it in pending:
             results[it.index] = it.error or SendTimeoutError(
                 f"message {it.wire.msg_id} not acknowledged within "
@@ -281,6 +306,7 @@ class ProducerCore:
         pending: list[Item],
         deadline: float,
         results: list[SendResult | QClientError | None],
+        first_attempt: float,
     ) -> Generator[Step, Any, tuple[list[Item], int]]:
         """Attempts 2.. of a send whose first attempt left ``pending`` unacknowledged, by
         the retry policy (tenacity); returns what is still pending and the attempts made."""
@@ -296,6 +322,7 @@ class ProducerCore:
             if isinstance(do, tenacity.DoAttempt):
                 attempt = state.attempt_number
                 self.stats.retry(len(pending))
+                carry_remaining_delay(pending, first_attempt)
                 calls = self._calls(pending, attempt, deadline)
                 outcomes: list[CallResult] = yield calls
                 queued = _queued(outcomes)

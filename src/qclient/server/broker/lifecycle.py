@@ -82,7 +82,7 @@ async def reschedule(request: Any) -> Any:
             )
         deliver_at = now + body.delay_ms
     else:
-        deliver_at = body.deliver_at_ms
+        deliver_at = body.deliver_at_ms or 0
         if not 0 <= deliver_at <= now + max_delay:
             raise ApiError(
                 400,

@@ -22,7 +22,7 @@ _MSG = rec.KIND_MESSAGE
 _CANCEL = rec.KIND_CANCEL
 
 
-def _locate(
+def locate(
     sh: Shared, topic: str, msg_id: str, deliver_at_ms: int
 ) -> tuple[int, rec.Record] | None:
     mlog, slog = sh.files.mlog, sh.files.slog
@@ -30,13 +30,23 @@ def _locate(
         pos = sh.dedupe.get(id_hash(msg_id))
     if pos is not None:
         r = mlog.read_record(pos)
-        if r is not None and r.kind == _MSG and r.msg_id == msg_id and r.topic == topic:
+        if (
+            r is not None
+            and r.kind in rec.SCHEDULING_KINDS
+            and r.msg_id == msg_id
+            and r.topic == topic
+        ):
             return pos, r
     b = deliver_at_ms // sh.bucket_ms
     for d, p, size, kind in slog.find(b, deliver_at_ms=deliver_at_ms):
         if kind == _MSG and d == deliver_at_ms:
             r = mlog.read_record(p, size)
-            if r is not None and r.kind == _MSG and r.msg_id == msg_id and r.topic == topic:
+            if (
+                r is not None
+                and r.kind in rec.SCHEDULING_KINDS
+                and r.msg_id == msg_id
+                and r.topic == topic
+            ):
                 return p, r
     return None
 
@@ -52,11 +62,22 @@ def cancel(
     if not isinstance(deliver_at_ms, int) or deliver_at_ms < 0:
         raise InvalidRecordError("deliver_at_ms out of range")
     done: Future[CancelOutcome] = Future()
-    found = _locate(sh, topic, msg_id, deliver_at_ms)
+    found = locate(sh, topic, msg_id, deliver_at_ms)
     if found is None:
         done.set_result(CancelOutcome(False, "not_found"))
         return done
     pos, r = found
+    reason = claim(sh, r, pos)
+    if reason is not None:
+        done.set_result(CancelOutcome(False, reason))
+        return done
+    return tombstone(sh, committer, topic, r, pos)
+
+
+def claim(sh: Shared, r: rec.Record, pos: int, *, mark: bool = True) -> str | None:
+    """Why the message ``r`` at ``pos`` can no longer be cancelled ("already_cancelled",
+    "already_fired"), or None: it is scheduled, and (``mark``) from now on the firing
+    thread skips it -- the caller must then write its tombstone (or ``uncancel``)."""
     w = sh.wheel
     slog, dlog = sh.files.slog, sh.files.dlog
     b = r.deliver_at_ms // sh.bucket_ms
@@ -78,19 +99,22 @@ def cancel(
             on_disk_fired = dlog.contains(b, pos)
             if on_disk_cancel:
                 on_disk_cancel = cancel_on_disk()
-        reason = None
         if on_disk_cancel or w.is_cancelled(b, pos):
-            reason = "already_cancelled"
-        elif on_disk_fired or pos in w.firing or not slog.size(b):
-            reason = "already_fired"  # (no schedule file left: fired, cleaned up)
-        else:
+            return "already_cancelled"
+        if on_disk_fired or pos in w.firing or not slog.size(b):
+            return "already_fired"  # (no schedule file left: fired, cleaned up)
+        if mark:
             w.cancel(b, pos)  # from now on the firing thread skips it
-    if reason is not None:
-        done.set_result(CancelOutcome(False, reason))
-        return done
+    return None
+
+
+def tombstone(
+    sh: Shared, committer: Committer, topic: str, r: rec.Record, pos: int
+) -> Future[CancelOutcome]:
+    """Write the cancel record of the message ``r`` at ``pos`` (claimed by :func:`claim`)."""
     data = rec.encode(
         _CANCEL,
-        msg_id,
+        r.msg_id,
         topic,
         b"",
         queue_id=r.queue_id,
@@ -99,13 +123,13 @@ def cancel(
         ref=pos,
     )
     batch = Batch(1, cancel=True)
-    batch.entries.append(Entry(_CANCEL, msg_id, 0, data, r.queue_id, r.deliver_at_ms, ref=pos))
+    batch.entries.append(Entry(_CANCEL, r.msg_id, 0, data, r.queue_id, r.deliver_at_ms, ref=pos))
     batch.nbytes = len(data)
     try:
         committer.enqueue(batch)
     except StoreError:
         with sh.sched:
-            w.uncancel(b, pos)
+            sh.wheel.uncancel(r.deliver_at_ms // sh.bucket_ms, pos)
         raise
     sh.stats["cancelled"] += 1
     return batch.fut  # type: ignore[return-value]

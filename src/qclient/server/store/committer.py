@@ -2,8 +2,9 @@
 
 While one group's ``fdatasync`` runs, new submissions queue up for the next group; a
 submission's future completes only after its records are durable (when ``config.fsync``).
-After the fsync the group's records are replayed into the schedule log and wheel and
-remembered in the dedupe table.
+After the fsync the group's messages are added to the id index, then the records are
+replayed into the schedule log and wheel and remembered in the dedupe table (a reschedule's
+copy replays as the new schedule entry plus a cancel of the replaced one).
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ log = logging.getLogger(__name__)
 
 _MSG = rec.KIND_MESSAGE
 _NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+_CANCEL = rec.KIND_CANCEL
+_RESCHEDULE = rec.KIND_RESCHEDULE
+_SCHEDULING = rec.SCHEDULING_KINDS
 
 
 class Entry(msgspec.Struct, eq=False):
@@ -49,6 +53,7 @@ class Entry(msgspec.Struct, eq=False):
     index: int = 0  # the record's place in its submit() call
     position: int = -1
     error: BaseException | None = None
+    prev_deliver_at: int = 0  # a reschedule's replaced deliver time
 
 
 class Batch:
@@ -126,7 +131,7 @@ class Committer:
                 h, pos = dedupe_find(mid)
                 if pos is not None:
                     r = read_record(pos)
-                    if r is not None and r.kind == _MSG and r.msg_id == mid:
+                    if r is not None and r.kind in _SCHEDULING and r.msg_id == mid:
                         batch.results[i] = StoreResult(mid, r.queue_id, r.deliver_at_ms, True)
                         continue
                 e = Entry(_MSG, mid, h, data, m.queue_id, m.deliver_at_ms, 0, i)
@@ -152,6 +157,11 @@ class Committer:
         if not (n or batch.deps):
             batch.complete()
         return batch.fut  # type: ignore[return-value]
+
+    def in_flight(self, msg_id: str) -> bool:
+        """Whether a submit of ``msg_id`` is being committed (not yet indexed/replayed)."""
+        with self._sh.submit_lock:
+            return msg_id in self._inflight
 
     def enqueue(self, batch: Batch) -> None:
         """Queue a batch built by the caller (a cancel's tombstone); raises StoreError if
@@ -229,9 +239,19 @@ class Committer:
             items = []
             for e, pos in zip(entries, positions, strict=True):
                 e.position = pos
-                items.append((pos, len(e.data), e.kind, e.deliver_at, e.ref))
+                if e.kind == _RESCHEDULE:
+                    items.append((pos, len(e.data), _MSG, e.deliver_at, 0))
+                    items.append((pos, len(e.data), _CANCEL, e.prev_deliver_at, e.ref))
+                else:
+                    items.append((pos, len(e.data), e.kind, e.deliver_at, e.ref))
                 e.data = b""
             try:
+                # indexed before the replay offset passes them, so the checkpoint's fsync
+                # of the index covers everything it has replayed
+                if sh.files.ids is not None:
+                    sh.files.ids.add_stored(
+                        (e.msg_id, e.position, e.deliver_at) for e in entries if e.kind != _CANCEL
+                    )
                 self._replayer.replay(items, mlog.end)
             except Exception as exc:
                 # the records are durable: a restart replays them (the checkpoint stops here)
@@ -246,8 +266,8 @@ class Committer:
             dedupe = sh.dedupe
             for i in range(0, len(entries), LOCK_CHUNK):
                 chunk = entries[i : i + LOCK_CHUNK]
-                msgs = [e for e in chunk if e.kind == _MSG]
-                stats["stored"] += len(msgs)
+                msgs = [e for e in chunk if e.kind in _SCHEDULING]
+                stats["stored"] += sum(e.kind == _MSG for e in msgs)
                 hashes = [e.h for e in msgs]
                 where = [e.position for e in msgs]
                 with sh.submit_lock:

@@ -12,6 +12,7 @@ from typing import Protocol
 
 from qclient.server.store.consume_log import ConsumeLogs
 from qclient.server.store.dispatch_log import DispatchLog
+from qclient.server.store.id_index import IdIndex
 from qclient.server.store.message_log import MessageLog
 from qclient.server.store.offsets import OffsetStore
 from qclient.server.store.schedule_log import ScheduleLog
@@ -36,7 +37,11 @@ class StoreFiles:
         self.dlog = DispatchLog(d / "dispatch", fsync=fsync)
         self.consume = ConsumeLogs(d / "consume", fsync=fsync)
         self.offsets = OffsetStore(d / "offsets.json", fsync=fsync)
-        self.parts: tuple[StorageFile, ...] = (self.mlog, self.slog, self.dlog, self.consume)
+        self.ids = IdIndex(d / "ids", fsync=fsync) if config.id_index else None
+        parts: list[StorageFile] = [self.mlog, self.slog, self.dlog, self.consume]
+        if self.ids is not None:
+            parts.append(self.ids)
+        self.parts: tuple[StorageFile, ...] = tuple(parts)
 
     def open(self) -> None:
         """Open the files whose state needs no replay (the rest is read by recovery)."""
@@ -46,7 +51,10 @@ class StoreFiles:
     def take_dirty(self) -> list[int]:
         """fds the checkpoint must fsync before it advances (call with the scheduler lock
         held: schedule files are appended under it)."""
-        return self.slog.take_dirty() + self.dlog.take_dirty()
+        fds = self.slog.take_dirty() + self.dlog.take_dirty()
+        if self.ids is not None:
+            fds += self.ids.take_dirty()
+        return fds
 
     def flush(self) -> None:
         """Persist state kept in memory between checkpoints (consumer offsets)."""

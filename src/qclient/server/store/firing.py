@@ -12,11 +12,12 @@ import time
 from qclient.server.store import record as rec
 from qclient.server.store._files import check_name
 from qclient.server.store._shared import MAX_WAIT_S, Shared
+from qclient.server.store.id_index import FIRED, record_key
 from qclient.server.store.syncer import Syncer
 
 log = logging.getLogger(__name__)
 
-_MSG = rec.KIND_MESSAGE
+_SCHEDULING = rec.SCHEDULING_KINDS
 _FIRE_BATCH = 4096  # entries popped per wake-up
 _LATENESS_KEPT = 8192  # the newest lateness samples kept for the stats
 
@@ -86,7 +87,7 @@ class Firing:
             dispatch[d // bucket_ms].append(pos)
             try:
                 route = rec.verify_route(raw)
-                if route.kind != _MSG or route.deliver_at_ms != d:
+                if route.kind not in _SCHEDULING or route.deliver_at_ms != d:
                     raise rec.CorruptRecord("not the scheduled message")
                 if route.topic not in names_ok:
                     names_ok.add(check_name(route.topic))
@@ -106,6 +107,13 @@ class Firing:
             q.append(items)
             queues.append(q)
         sh.stats["fired"] += sum(len(v) for v in by_q.values())
+        ids = sh.files.ids
+        if ids is not None:
+            # the fired time, for lookups (the state itself is the dispatch log's)
+            ids.add(
+                FIRED,
+                ((record_key(raw), pos, t) for items in by_q.values() for raw, pos, t in items),
+            )
         topics = {t for t, _ in by_q}
         if sh.config.visible_before_sync:
             # Visible before the fsync: a crash can lose these copies only together with

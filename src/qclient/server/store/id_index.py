@@ -62,9 +62,10 @@ class IdIndex:
         self._files = AppendFiles(directory, ".idx", ENTRY.size, fsync=fsync, max_open=PARTS)
         self._lock = threading.Lock()
 
-    def recover(self) -> None:
-        """Cut torn entries off the partition files."""
-        self._files.recover()
+    def recover(self) -> bool:
+        """Cut torn entries off the partition files; False if there were none at all (a
+        new index over an older data directory: recovery then indexes the whole log)."""
+        return bool(self._files.recover())
 
     def add(self, kind: int, items: Iterable[tuple[int, int, int]]) -> None:
         """Append ``(key, position, time_ms)`` entries of one kind (one write per partition)."""

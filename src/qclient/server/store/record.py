@@ -10,7 +10,13 @@ Layout (little endian)::
 
 ``None`` strings/properties have length 0xFFFF / 0xFFFFFFFF. ``ref`` is the message-log
 position a record refers to (the cancelled message for a tombstone, the source message for a
-consume-log record); ``qoffset`` is the consume-queue offset of a fired record.
+consume-log record, the replaced record for a reschedule); ``qoffset`` is the consume-queue
+offset of a fired record.
+
+A reschedule (``KIND_RESCHEDULE``) is a whole copy of the message with its new deliver time,
+``ref`` the replaced record and ``qoffset`` the replaced record's deliver time (it names the
+time bucket the old entry is cancelled in): one record, so a crash leaves either the old
+schedule or the new one, never both and never neither.
 """
 
 from __future__ import annotations
@@ -26,7 +32,10 @@ MAGIC = 0x31514451  # b"QDQ1"
 KIND_MESSAGE = 1
 KIND_CANCEL = 2
 KIND_FIRED = 3
-_KINDS = (KIND_MESSAGE, KIND_CANCEL, KIND_FIRED)
+KIND_RESCHEDULE = 4
+_KINDS = (KIND_MESSAGE, KIND_CANCEL, KIND_FIRED, KIND_RESCHEDULE)
+#: kinds of message-log records that schedule a message (what firing and lookups accept)
+SCHEDULING_KINDS = (KIND_MESSAGE, KIND_RESCHEDULE)
 
 PRE = struct.Struct("<III")
 REST = struct.Struct("<BiiqqqqqHHHHII")

@@ -29,6 +29,7 @@ from qclient.server.store.files import StoreFiles
 from qclient.server.store.firing import Firing
 from qclient.server.store.histogram import Histogram
 from qclient.server.store.intake import Intake
+from qclient.server.store.lifecycle import Lifecycle
 from qclient.server.store.loader import Loader
 from qclient.server.store.recovery import recover
 from qclient.server.store.replay import Replayer
@@ -38,7 +39,9 @@ from qclient.server.store.syncer import Syncer
 from qclient.server.store.types import (
     CancelOutcome,
     FiredMessage,
+    MessageStatus,
     NewMessage,
+    RescheduleOutcome,
     StoreConfig,
     StoreError,
     StoreResult,
@@ -79,6 +82,7 @@ class DelayStore:
     _firing: Firing
     _syncer: Syncer
     _loader: Loader
+    _lifecycle: Lifecycle
 
     def __init__(self, config: StoreConfig, *, clock_ms: Callable[[], int] = wall_clock_ms):
         self.config = config
@@ -157,6 +161,7 @@ class DelayStore:
         self._syncer = Syncer(sh, self._checkpoint, self._retention)
         self._firing = Firing(sh, self._syncer)
         self._committer = Committer(sh, self._replayer, self._check_open)
+        self._lifecycle = Lifecycle(sh, self._committer)
 
     def _read_meta(self) -> None:
         """``meta.json`` fixes ``bucket_ms`` when a data directory is created."""
@@ -242,6 +247,23 @@ class DelayStore:
         """Cancel a scheduled message (durable tombstone) if it has not fired yet."""
         self._check_open()
         return _cancel.cancel(self._sh, self._committer, topic, msg_id, deliver_at_ms)
+
+    def lookup(self, topic: str, msg_id: str) -> MessageStatus | None:
+        """The state and times of a message id (None if unknown); blocking, small reads."""
+        self._check_open()
+        return self._lifecycle.lookup(topic, msg_id)
+
+    def cancel_id(self, topic: str, msg_id: str, hint_ms: int | None = None) -> CancelOutcome:
+        """Cancel a message found by id (``hint_ms``: its deliver time, if known); blocks
+        until the tombstone is durable."""
+        self._check_open()
+        return self._lifecycle.cancel(topic, msg_id, hint_ms)
+
+    def reschedule(self, topic: str, msg_id: str, deliver_at_ms: int) -> RescheduleOutcome:
+        """Move a scheduled message to ``deliver_at_ms`` atomically (one durable record);
+        blocks until it is durable."""
+        self._check_open()
+        return self._lifecycle.reschedule(topic, msg_id, deliver_at_ms)
 
     # ------------------------------------------------------------------ consuming
     def pull(self, topic: str, queue_id: int, offset: int, max_messages: int) -> list[FiredMessage]:

@@ -32,6 +32,7 @@ class StoreConfig:
     checkpoint_interval_ms: int = 1_000  # replay checkpoint + consumer offsets flush period
     retain_fired_ms: int = 600_000  # keep a fully fired bucket's files this long after its end
     max_record_bytes: int = (16 << 20) - 1  # hard cap of one encoded record (wheel packing)
+    id_index: bool = True  # keep the on-disk id index (lookup / cancel / reschedule by id)
 
     def __post_init__(self) -> None:
         self.data_dir = Path(self.data_dir)
@@ -84,6 +85,26 @@ class CancelOutcome(msgspec.Struct):
 
     cancelled: bool
     reason: str | None = None  # None | "not_found" | "already_fired" | "already_cancelled"
+
+
+class MessageStatus(msgspec.Struct):
+    """What the store knows of a message id: ``state`` is "scheduled", "fired" or
+    "cancelled"; ``fired_at_ms`` is None unless fired (or when its time was lost)."""
+
+    state: str
+    queue_id: int
+    deliver_at_ms: int
+    fired_at_ms: int | None = None
+
+
+class RescheduleOutcome(msgspec.Struct):
+    """Outcome of a reschedule: when not rescheduled, ``state`` is the message's state, or
+    None when the id is unknown here."""
+
+    rescheduled: bool
+    state: str | None = None
+    queue_id: int = 0
+    deliver_at_ms: int = 0
 
 
 class StoreError(Exception):

@@ -1,0 +1,150 @@
+"""Lookup / cancel / reschedule by id on a live store (real files, real threads)."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from qclient.server.store import (
+    DelayStore,
+    FiredMessage,
+    NewMessage,
+    StoreConfig,
+    wall_clock_ms,
+)
+from qclient.server.store.id_index import PARTS, IdIndex, id_key, record_key
+from qclient.server.store.record import KIND_MESSAGE, encode
+
+
+@pytest.fixture
+def open_store(tmp_path: Path) -> Iterator[Callable[..., DelayStore]]:
+    """``open_store(**config)`` -> an opened store on ``tmp_path/data``, closed at teardown."""
+    stores: list[DelayStore] = []
+
+    def factory(**cfg: Any) -> DelayStore:
+        cfg.setdefault("bucket_ms", 1000)
+        cfg.setdefault("load_ahead_ms", 500)
+        cfg.setdefault("fsync", False)
+        s = DelayStore(StoreConfig(data_dir=tmp_path / "data", **cfg))
+        s.open()
+        stores.append(s)
+        return s
+
+    yield factory
+    for s in stores:
+        s.close()
+
+
+def _until(cond: Callable[[], Any], timeout: float = 10.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (v := cond()):
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.01)
+    return v
+
+
+def _fired(s: DelayStore, topic: str = "t") -> list[FiredMessage]:
+    out = []
+    for q in range(4):
+        out.extend(s.pull(topic, q, 0, 1000))
+    return out
+
+
+def _send(s: DelayStore, msg_id: str, deliver_at: int, topic: str = "t") -> None:
+    s.submit([NewMessage(topic, 1, msg_id, b"body", deliver_at, key="k")]).result(timeout=10)
+
+
+def test_index_entries_and_keys(tmp_path: Path) -> None:
+    ix = IdIndex(tmp_path / "ids", fsync=False)
+    ix.recover()
+    ix.add_stored([("a", 10, 1000), ("b", 20, 2000), ("a", 30, 3000)])
+    assert [(p, t) for p, _k, t in ix.find("a")] == [(10, 1000), (30, 3000)]
+    assert ix.find("zzz") == []
+    data = encode(KIND_MESSAGE, "an-id", "t", b"x")
+    assert record_key(data) == id_key("an-id")
+    assert 0 <= id_key("x") % PARTS < PARTS
+    ix.close()
+
+
+def test_lookup_cancel_and_states(open_store: Callable[..., DelayStore]) -> None:
+    s = open_store()
+    now = wall_clock_ms()
+    far = now + 7 * 86_400_000
+    _send(s, "far", far)
+    _send(s, "soon", now + 200)
+    st = s.lookup("t", "far")
+    assert st is not None and (st.state, st.deliver_at_ms, st.queue_id) == ("scheduled", far, 1)
+    assert s.lookup("t", "nope") is None
+    assert s.lookup("other", "far") is None  # ids are per topic
+    assert s.cancel_id("t", "far").cancelled
+    assert s.lookup("t", "far").state == "cancelled"  # type: ignore[union-attr]
+    assert s.cancel_id("t", "far").reason == "already_cancelled"
+    assert s.cancel_id("t", "nope").reason == "not_found"
+    _until(lambda: _fired(s))
+    st = s.lookup("t", "soon")
+    assert st is not None and st.state == "fired" and st.fired_at_ms >= now + 200  # type: ignore[operator]
+    assert s.cancel_id("t", "soon").reason == "already_fired"
+    assert s.reschedule("t", "soon", now).state == "fired"
+    assert s.reschedule("t", "far", now).state == "cancelled"
+    out = s.reschedule("t", "nope", now)
+    assert not out.rescheduled and out.state is None
+
+
+def test_reschedule_earlier_and_later_fire_once_at_the_new_time(
+    open_store: Callable[..., DelayStore],
+) -> None:
+    s = open_store()
+    now = wall_clock_ms()
+    _send(s, "early", now + 60_000)
+    _send(s, "late", now + 300)
+    new_early = now + 400
+    new_late = now + 1500
+    assert s.reschedule("t", "early", new_early).rescheduled
+    assert s.reschedule("t", "late", new_late).rescheduled
+    assert s.lookup("t", "late").deliver_at_ms == new_late  # type: ignore[union-attr]
+    fired = _until(lambda: [f for f in _fired(s) if f.msg_id == "early"])
+    assert [f.deliver_at_ms for f in fired] == [new_early]
+    assert fired[0].fired_at_ms >= new_early and fired[0].body == b"body"
+    time.sleep(max(0, (now + 900 - wall_clock_ms()) / 1000))
+    assert [f.msg_id for f in _fired(s)] == ["early"]  # the old time of "late" did not fire
+    fired = _until(lambda: [f for f in _fired(s) if f.msg_id == "late"])
+    assert fired[0].deliver_at_ms == new_late and fired[0].fired_at_ms >= new_late
+    assert fired[0].key == "k"
+    st = s.lookup("t", "late")
+    assert st is not None and st.state == "fired" and st.deliver_at_ms == new_late
+
+
+def test_state_survives_restart_and_index_rebuilds(
+    open_store: Callable[..., DelayStore], tmp_path: Path
+) -> None:
+    s = open_store()
+    now = wall_clock_ms()
+    far = now + 86_400_000
+    for i in range(50):
+        _send(s, f"m{i}", far + i)
+    s.reschedule("t", "m1", far + 5000)
+    s.cancel_id("t", "m2")
+    s.close()
+    for wipe in (False, True):
+        if wipe:  # an index newer than the data: rebuilt from the whole message log
+            shutil.rmtree(tmp_path / "data" / "ids")
+        s = open_store()
+        assert s.lookup("t", "m0").deliver_at_ms == far  # type: ignore[union-attr]
+        assert s.lookup("t", "m1").deliver_at_ms == far + 5000  # type: ignore[union-attr]
+        assert s.lookup("t", "m2").state == "cancelled"  # type: ignore[union-attr]
+        assert s.lookup("t", "m49").state == "scheduled"  # type: ignore[union-attr]
+        s.close()
+
+
+def test_without_index_lookup_uses_the_dedupe_window(
+    open_store: Callable[..., DelayStore], tmp_path: Path
+) -> None:
+    s = open_store(id_index=False)
+    _send(s, "x", wall_clock_ms() + 60_000)
+    assert s.lookup("t", "x").state == "scheduled"  # type: ignore[union-attr]
+    assert not (tmp_path / "data" / "ids").exists()
