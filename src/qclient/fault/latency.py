@@ -62,6 +62,10 @@ class LatencyFaultTolerance:
         self._isolated_until = 0.0
         self._any_unreachable = False
 
+    def after_fork_in_child(self) -> None:
+        """A fresh lock in a forked child (the parent's threads may have held it)."""
+        self._lock = threading.Lock()
+
     def _note(self, item: FaultItem) -> None:
         if item.start_timestamp > self._isolated_until:
             self._isolated_until = item.start_timestamp

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -44,6 +46,8 @@ class ProducerBase:
             else None
         )
         self._closed = False
+        self._pid = os.getpid()
+        _LIVE.add(self)
 
     @property
     def config(self) -> ProducerConfig:
@@ -79,7 +83,31 @@ class ProducerBase:
     def _check_open(self) -> None:
         if self._closed:
             raise ProducerClosedError("producer is closed")
+        if self._pid != os.getpid():
+            self._forked()
+
+    def _forked(self) -> None:
+        """First use in a child process (``os.fork()`` after the producer was made): the
+        parent's threads did not come along. Subclasses restart what they need."""
+        self._pid = os.getpid()
+
+    def _after_fork_in_child(self) -> None:
+        """Right after ``os.fork()``, in the child: fresh locks for the shared state (a
+        lock the parent's other threads held at the fork would never be released here)."""
+        self._core.after_fork_in_child()
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
         return f"{type(self).__name__}(namesrv={','.join(self._cfg.namesrv)!r}, {state})"
+
+
+_LIVE: weakref.WeakSet[ProducerBase] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for producer in list(_LIVE):
+        producer._after_fork_in_child()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -188,6 +188,12 @@ class ProducerCore:
         #: Message -> WireMessage with this config's limits (validation included)
         self.builder = WireBuilder(cfg)
 
+    def after_fork_in_child(self) -> None:
+        """Fresh locks and counters in a forked child (see ``ProducerBase``)."""
+        self.stats = Stats()
+        self.routes.after_fork_in_child()
+        self.strategy.latency_fault_tolerance.after_fork_in_child()
+
     # --- messages --------------------------------------------------------------------
 
     def wire(

@@ -176,6 +176,13 @@ class AsyncProducer(ProducerBase):
         self._coalescer = _Coalescer(self, cfg.max_in_flight_per_broker)
         self._slots = AsyncSlots(cfg.max_in_flight_per_broker)
 
+    def _forked(self) -> None:
+        # an event loop and its connections do not survive a fork: say how to do it right
+        raise ProducerClosedError(
+            f"this AsyncProducer was created in process {self._pid}, before os.fork(); "
+            "create a new AsyncProducer in the child process (e.g. in a post-fork hook)"
+        )
+
     async def _info(self, topic: str) -> TopicPublishInfo:
         info = self._core.cached_route(topic)
         if info is None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -104,6 +105,27 @@ class Producer(ProducerBase):
         self._slots = SyncSlots(cfg.max_in_flight_per_broker)
         #: concurrent single sends share requests (a lone one leaves at once, in its thread)
         self._coalescer = SyncCoalescer(self._core, self._run_plan, cfg.max_in_flight_per_broker)
+
+    # --- fork safety ----------------------------------------------------------------
+
+    def _after_fork_in_child(self) -> None:
+        super()._after_fork_in_child()
+        cfg = self._cfg
+        self._lock = threading.Lock()
+        self._pool = None  # its threads stayed in the parent
+        self._sender = None  # so did the send_async thread and what it had buffered
+        self._slots = SyncSlots(cfg.max_in_flight_per_broker)
+        self._coalescer = SyncCoalescer(self._core, self._run_plan, cfg.max_in_flight_per_broker)
+
+    def _forked(self) -> None:
+        with self._lock:
+            if self._pid == os.getpid():
+                return
+            # the detector and route-refresh thread: a new one for this process
+            self._bg = Background(self._core, self._cfg)
+            self._ns = self._bg.ns
+            super()._forked()
+        log.debug("producer used in forked child %d: background thread restarted", self._pid)
 
     # --- routes --------------------------------------------------------------------
 

@@ -53,6 +53,10 @@ class RouteCache:
         self._lock = threading.Lock()
         self._on_stale: Callable[[str], None] | None = None
 
+    def after_fork_in_child(self) -> None:
+        """A fresh lock in a forked child (the parent's threads may have held it)."""
+        self._lock = threading.Lock()
+
     def set_on_stale(self, callback: Callable[[str], None] | None) -> None:
         """Called (outside the lock) when a served route is due for a refresh."""
         self._on_stale = callback
