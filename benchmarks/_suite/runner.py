@@ -63,6 +63,7 @@ SCENARIOS: list[Scenario] = [
     Scenario("spark_bench", "benchmarks.spark_bench", 600, smoke_timeout_s=180),
     Scenario("http_stack_bench", "benchmarks.http_stack_bench", 300),
     Scenario("fsync_bench", "benchmarks.fsync_bench", 180),
+    Scenario("consume_bench", "benchmarks.consume_bench", 300),
     Scenario("peers", "benchmarks.peers", 1200, smoke_timeout_s=120),
 ]
 

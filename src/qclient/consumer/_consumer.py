@@ -382,17 +382,30 @@ class Consumer:
                 self._rebalance()
             remaining = deadline - time.monotonic()
             wait_s = max(0.0, min(remaining, self._next_hb - time.monotonic()))
-            for name, owned in self._owned.items():
-                if name in self._inflight or not owned or name not in self._brokers:
-                    continue
-                queues = {q: self._pos.get((name, q), -1) for q in owned}
+            todo = [
+                name
+                for name, owned in self._owned.items()
+                if owned and name in self._brokers and name not in self._inflight
+            ]
+            # One broker to pull and none in flight: pull on this thread (no hand-offs)
+            direct = len(todo) == 1 and not self._inflight
+            for name in todo:
+                queues = {q: self._pos.get((name, q), -1) for q in self._owned[name]}
                 commits = self._pending_commits(name)
-                fut = self._pool.submit(
-                    self._pull, name, self._brokers[name], queues, commits, int(wait_s * 1000)
-                )
+                args = (name, self._brokers[name], queues, commits, int(wait_s * 1000))
+                if direct:
+                    fut: Future[wire.PullResponse] = Future()
+                    try:
+                        fut.set_result(self._pull(*args))
+                    except QClientError as exc:
+                        fut.set_exception(exc)
+                else:
+                    fut = self._pool.submit(self._pull, *args)
                 self._inflight[name] = fut
                 self._sent[name] = (queues, commits)
-            if self._inflight:
+            if direct:
+                done = set(self._inflight.values())
+            elif self._inflight:
                 done, _ = wait(
                     list(self._inflight.values()),
                     timeout=wait_s + 0.05 if remaining > 0 else 0.0,

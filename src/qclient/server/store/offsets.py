@@ -22,6 +22,7 @@ class OffsetStore:
         self._lock = threading.Lock()
         self._offsets: dict[tuple[str, str, int], int] = {}
         self._dirty = False
+        self._unsynced = False  # written without fsync since the last durable flush
 
     def load(self) -> None:
         try:
@@ -71,19 +72,23 @@ class OffsetStore:
         with self._lock:
             return dict(self._offsets)
 
-    def flush(self) -> None:
-        """Persist if anything changed since the last flush."""
+    def flush(self, *, durable: bool = True) -> None:
+        """Persist if anything changed since the last flush. ``durable=False`` skips the
+        fsyncs: the file then survives a killed process (the page cache keeps it) but not
+        an OS crash, until the next durable flush."""
         with self._lock:
-            if not self._dirty:
+            if not self._dirty and not (durable and self._unsynced):
                 return
             doc: dict[str, dict[str, dict[str, int]]] = {}
             for (g, t, q), off in self._offsets.items():
                 doc.setdefault(g, {}).setdefault(t, {})[str(q)] = off
             self._dirty = False
             data = json.dumps({"version": 1, "offsets": doc}, sort_keys=True).encode()
+        fsync = self.fsync and durable
         try:
-            atomic_write(self.path, data, fsync=self.fsync)
+            atomic_write(self.path, data, fsync=fsync)
         except OSError:
             with self._lock:
                 self._dirty = True
             raise
+        self._unsynced = self.fsync and not durable

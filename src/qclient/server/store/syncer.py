@@ -70,11 +70,13 @@ class Syncer:
         cfg = sh.config
         period = cfg.checkpoint_interval_ms / 1000
         next_ckpt = time.monotonic() + period
+        offsets_period = cfg.offsets_write_ms / 1000
+        next_offsets = time.monotonic() + offsets_period
         last_sync = 0.0
         while True:
             with self._cv:
                 while not self._work and not self._stop:
-                    left = next_ckpt - time.monotonic()
+                    left = min(next_ckpt, next_offsets) - time.monotonic()
                     if left <= 0:
                         break
                     self._cv.wait(left)
@@ -88,6 +90,9 @@ class Syncer:
                 if work:
                     self._sync_fired(work)
                     last_sync = time.monotonic()
+                if time.monotonic() >= next_offsets:
+                    next_offsets = time.monotonic() + offsets_period
+                    sh.files.offsets.flush(durable=False)
                 if time.monotonic() >= next_ckpt:
                     next_ckpt = time.monotonic() + period
                     self._checkpoint.write()

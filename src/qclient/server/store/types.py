@@ -30,6 +30,9 @@ class StoreConfig:
     #: only after the fsync, a group fsync later
     visible_before_sync: bool = True
     checkpoint_interval_ms: int = 1_000  # replay checkpoint + consumer offsets flush period
+    #: committed consumer offsets are also written (without fsync) this often, so a
+    #: killed broker process re-delivers at most this much of what consumers committed
+    offsets_write_ms: int = 20
     retain_fired_ms: int = 600_000  # keep a fully fired bucket's files this long after its end
     max_record_bytes: int = (16 << 20) - 1  # hard cap of one encoded record (wheel packing)
     id_index: bool = True  # keep the on-disk id index (lookup / cancel / reschedule by id)

@@ -1,0 +1,290 @@
+"""Consume benchmark: received lateness, and a broker kill -9 while it fires.
+
+    python -m benchmarks.consume_bench [--rates 5000,20000] [--due-seconds 5] [--json] [--smoke]
+
+1. lateness: ``rate x due-seconds`` messages are scheduled (straight to one broker, sent
+   before the first is due) to come due evenly over ``--due-seconds``; one group
+   ``Consumer`` polls throughout. Received lateness = wall time when ``poll`` returned -
+   ``deliver_at``; early = negative. Once per rate.
+2. redis: the same workload on the Redis peer (sorted set + Lua pop, benchmarks/peers),
+   lateness measured the same way, side by side (skipped if redis-server is missing).
+3. kill: ``--kill-rate`` due msgs/s for ``--kill-seconds``; the broker is killed with
+   SIGKILL a third of the way in and restarted at once while the consumer keeps polling:
+   every message must arrive at least once, none early; duplicates are counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from benchmarks._broker_http import post_bodies
+from benchmarks.broker_bench import BATCH, _encode_batches
+from benchmarks.peers.workload import percentile
+from qclient import Consumer, LocalCluster
+
+MAX_SAMPLES = 5000  # lateness samples kept per run for the report's CDF
+
+
+def _now_ms() -> float:
+    return time.time() * 1000
+
+
+def _schedule(addr: str, topic: str, rate: int, seconds: float) -> tuple[int, list[int]]:
+    """Send ``rate x seconds`` messages due evenly from a lead time on; returns (acked,
+    deliver times)."""
+    total = max(BATCH, int(rate * seconds) // BATCH * BATCH)
+    lead_ms = 3000 + total // 8  # time to encode and send them all before the first is due
+    start = int(_now_ms()) + lead_ms
+    step = seconds * 1000 / total
+    deliver = [start + int(i * step) for i in range(total)]
+    bodies = _encode_batches(f"{topic}-{os.getpid()}", total // BATCH, topic, deliver)
+    acked, _ = asyncio.run(post_bodies(addr, bodies, 4))
+    if _now_ms() > start:
+        print(f"warning: {topic}: sending ended past the first due time", file=sys.stderr)
+    return acked, deliver
+
+
+def _summary(
+    lateness: list[float], expected: int, ids: Counter[str], fired: list[float] | None = None
+) -> dict[str, float]:
+    s = sorted(lateness)
+    extra = {}
+    if fired:  # the broker's part: fired_at - deliver_at
+        f = sorted(fired)
+        extra = {"fired_p50_ms": percentile(f, 50), "fired_p99_ms": percentile(f, 99)}
+    return {
+        **extra,
+        "expected": expected,
+        "received_distinct": len(ids),
+        "lost": expected - len(ids),
+        "duplicates": sum(n - 1 for n in ids.values()),
+        "lateness_p50_ms": percentile(s, 50),
+        "lateness_p99_ms": percentile(s, 99),
+        "lateness_max_ms": s[-1] if s else float("nan"),
+        "early": sum(1 for x in s if x < 0),
+    }
+
+
+def _consume(
+    consumer: Consumer, expected: int, until_ms: float, fired: list[float] | None = None
+) -> tuple[list[float], Counter[str]]:
+    """Poll until ``expected`` distinct ids arrived or the wall clock passes ``until_ms``."""
+    lateness: list[float] = []
+    ids: Counter[str] = Counter()
+    while len(ids) < expected and _now_ms() < until_ms:
+        try:
+            batch = consumer.poll(1024, timeout=0.5)
+        except Exception as exc:  # a broker being restarted: keep polling
+            print(f"poll: {exc}", file=sys.stderr)
+            time.sleep(0.05)
+            continue
+        now = _now_ms()
+        for m in batch:
+            lateness.append(now - m.deliver_at_ms)
+            ids[m.msg_id] += 1
+            if fired is not None:
+                fired.append(m.fired_at_ms - m.deliver_at_ms)
+    return lateness, ids
+
+
+def _ready(consumer: Consumer, queues: int) -> None:
+    deadline = time.monotonic() + 15
+    while len(consumer.assignment()) < queues and time.monotonic() < deadline:
+        consumer.poll(1, timeout=0.1)
+
+
+def bench_lateness(cluster: LocalCluster, rate: int, seconds: float) -> tuple[dict, list]:
+    topic = f"lat-{rate}"
+    addr = cluster.brokers[0].addr
+    # the topic exists once the first batch is stored; a throwaway message creates it
+    asyncio.run(post_bodies(addr, _encode_batches(f"mk-{topic}", 1, topic, None), 1))
+    with Consumer(cluster.namesrv, topic, "lat") as consumer:
+        _ready(consumer, 4)
+        consumer.poll(1024, timeout=0.2)
+        acked, deliver = _schedule(addr, topic, rate, seconds)
+        fired: list[float] = []
+        lateness, ids = _consume(consumer, acked, deliver[-1] + 15_000, fired)
+    return {"due_rate_msgs_per_s": rate, **_summary(lateness, acked, ids, fired)}, lateness
+
+
+def bench_kill(cluster: LocalCluster, rate: int, seconds: float) -> dict[str, Any]:
+    topic = f"kill-{rate}"
+    broker = cluster.brokers[0]
+    asyncio.run(post_bodies(broker.addr, _encode_batches(f"mk-{topic}", 1, topic, None), 1))
+    with Consumer(cluster.namesrv, topic, "kill", session_timeout=3.0) as consumer:
+        _ready(consumer, 4)
+        consumer.poll(1024, timeout=0.2)
+        acked, deliver = _schedule(broker.addr, topic, rate, seconds)
+        out: dict[str, Any] = {}
+
+        def run() -> None:
+            out["lateness"], out["ids"] = _consume(consumer, acked, deliver[-1] + 30_000)
+            # duplicates may still come: keep polling a little
+            more_lat, more_ids = _consume(consumer, 1 << 30, _now_ms() + 1000)
+            out["lateness"] += more_lat
+            out["ids"] += more_ids
+
+        t = threading.Thread(target=run)
+        t.start()
+        kill_at = deliver[0] + (deliver[-1] - deliver[0]) / 3
+        time.sleep(max(0.0, (kill_at - _now_ms()) / 1000))
+        broker.kill()
+        t_kill = time.monotonic()
+        broker.start()
+        restart_s = time.monotonic() - t_kill
+        t.join()
+    res = {"due_rate_msgs_per_s": rate, **_summary(out["lateness"], acked, out["ids"])}
+    res["duplicates_pct"] = 100 * res["duplicates"] / max(1, acked)
+    res["restart_s"] = restart_s
+    return res
+
+
+def bench_redis(rate: int, seconds: float) -> tuple[dict | None, list, str | None]:
+    from benchmarks.peers.redis_peer import RedisPeer
+
+    peer = RedisPeer("redis", [], "sorted set + Lua pop")
+    why = peer.missing()
+    if why:
+        return None, [], why
+    total = int(rate * seconds)
+    lateness: list[float] = []
+    ids: Counter[str] = Counter()
+    lock = threading.Lock()
+
+    def sink(msg_id: str) -> None:
+        now = _now_ms()
+        with lock:
+            lateness.append(now - int(msg_id.split(":")[1]))
+            ids[msg_id] += 1
+
+    with tempfile.TemporaryDirectory(prefix="consume-bench-redis-") as d:
+        peer.start(Path(d))
+        try:
+            producer = peer.producer("lat")
+            start = int(_now_ms()) + 2000 + total // 15
+            step = seconds * 1000 / total
+            items = [(f"r{i}:{start + int(i * step)}", start + int(i * step)) for i in range(total)]
+            for k in range(0, total, 1000):
+                now = _now_ms()
+                producer.send_many([(m, (due - now) / 1000) for m, due in items[k : k + 1000]])
+            producer.close()
+            consumer = peer.consumer("lat", sink)
+            deadline = time.monotonic() + seconds + 30
+            while len(ids) < total and time.monotonic() < deadline:
+                time.sleep(0.05)
+            consumer.close()
+        finally:
+            peer.stop()
+    return {"due_rate_msgs_per_s": rate, **_summary(lateness, total, ids)}, lateness, None
+
+
+def _sampled(values: list[float]) -> list[float]:
+    step = max(1, len(values) // MAX_SAMPLES)
+    return [round(x, 3) for x in values[::step]]
+
+
+def run(
+    rates: tuple[int, ...], seconds: float, kill_rate: int, kill_seconds: float, redis: bool
+) -> dict[str, Any]:
+    results: dict[str, Any] = {"scenario": "consume", "lateness_by_rate": []}
+    samples: dict[str, list[float]] = {}
+    notes: list[str] = []
+    targets: list[dict[str, Any]] = []
+    with LocalCluster(brokers=1) as cluster:
+        for rate in rates:
+            r, lat = bench_lateness(cluster, rate, seconds)
+            results["lateness_by_rate"].append(r)
+            results[f"qclient_{rate}"] = r
+            samples[f"qclient received @{rate:,}/s"] = _sampled(lat)
+            print(
+                f"qclient @{rate:,}/s: received p50 {r['lateness_p50_ms']:.2f} ms, "
+                f"p99 {r['lateness_p99_ms']:.2f} ms, early {r['early']}, lost {r['lost']}",
+                file=sys.stderr,
+            )
+            if rate == 5000:
+                targets += [
+                    {"name": "p50 @5k/s", "value": r["lateness_p50_ms"], "target": "<= 1 ms",
+                     "met": r["lateness_p50_ms"] <= 1},
+                    {"name": "p99 @5k/s", "value": r["lateness_p99_ms"], "target": "<= 5 ms",
+                     "met": r["lateness_p99_ms"] <= 5},
+                ]  # fmt: skip
+            if rate == 20000:
+                targets.append(
+                    {"name": "p99 @20k/s", "value": r["lateness_p99_ms"], "target": "<= 10 ms",
+                     "met": r["lateness_p99_ms"] <= 10}
+                )  # fmt: skip
+            targets.append(
+                {"name": f"early @{rate}/s", "value": r["early"], "target": "== 0",
+                 "met": r["early"] == 0}
+            )  # fmt: skip
+        if kill_rate:
+            k = bench_kill(cluster, kill_rate, kill_seconds)
+            results["kill"] = k
+            print(
+                f"kill -9 @{kill_rate:,}/s: lost {k['lost']}, duplicates {k['duplicates']} "
+                f"({k['duplicates_pct']:.2f} %), early {k['early']}",
+                file=sys.stderr,
+            )
+            targets += [
+                {"name": "kill: lost", "value": k["lost"], "target": "== 0",
+                 "met": k["lost"] == 0},
+                {"name": "kill: duplicates %", "value": k["duplicates_pct"], "target": "<= 1",
+                 "met": k["duplicates_pct"] <= 1},
+                {"name": "kill: early", "value": k["early"], "target": "== 0",
+                 "met": k["early"] == 0},
+            ]  # fmt: skip
+    if redis:
+        for rate in rates:
+            r, lat, why = bench_redis(rate, seconds)
+            if r is None:
+                notes.append(f"redis peer skipped: {why}")
+                break
+            results[f"redis_{rate}"] = r
+            samples[f"redis received @{rate:,}/s"] = _sampled(lat)
+            print(
+                f"redis @{rate:,}/s: received p50 {r['lateness_p50_ms']:.2f} ms, "
+                f"p99 {r['lateness_p99_ms']:.2f} ms",
+                file=sys.stderr,
+            )
+    results["lateness_samples_ms"] = samples
+    results["targets"] = targets
+    results["notes"] = [
+        *notes,
+        "received lateness = wall time when Consumer.poll returned - deliver_at "
+        "(one broker, one group consumer, 4 queues, 100 B bodies)",
+    ]
+    return results
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rates", default="5000,20000", help="due msgs/s, comma-separated")
+    p.add_argument("--due-seconds", type=float, default=5.0)
+    p.add_argument("--kill-rate", type=int, default=5000, help="0: no kill phase")
+    p.add_argument("--kill-seconds", type=float, default=6.0)
+    p.add_argument("--no-redis", action="store_true", help="skip the Redis peer")
+    p.add_argument("--smoke", action="store_true", help="tiny run: seconds, not minutes")
+    p.add_argument("--json", action="store_true", help="print one JSON object last")
+    a = p.parse_args()
+    rates = tuple(int(r) for r in a.rates.split(",") if r)
+    if a.smoke:
+        rates, a.due_seconds, a.kill_rate, a.kill_seconds = (1000,), 0.5, 1000, 1.0
+    res = run(rates, a.due_seconds, a.kill_rate, a.kill_seconds, not a.no_redis)
+    if a.json:
+        print(json.dumps(res))
+    else:
+        print(json.dumps({k: v for k, v in res.items() if k != "lateness_samples_ms"}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
