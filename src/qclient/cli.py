@@ -21,7 +21,7 @@ from typing import Any, NoReturn
 
 import qclient
 
-from . import _logging
+from . import _cli_lifecycle, _logging
 from ._config import (
     DEFAULT_BROKER_EXPIRE,
     DEFAULT_BROKER_PORT,
@@ -486,6 +486,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=parse_duration, default=10.0)
     _add_auth(p)
     p.set_defaults(func=cmd_consume)
+
+    _cli_lifecycle.add_commands(
+        sub, _add_auth, _credentials, parse_duration, parse_datetime, CliError
+    )
     return parser
 
 

@@ -402,3 +402,21 @@ def test_name_server_needs_the_brokers_signature_to_register(cluster):
     assert ok.status_code == 200 and cluster.registered() == {"broker-a"}
     # Reads stay open: producers look routes up without credentials.
     assert httpx.get(url(ns, "/v1/routes/orders"), trust_env=False).status_code == 200
+
+
+def test_lookup_cancel_reschedule_are_scoped(cluster):
+    with Producer(cluster.namesrv, **OPS, **FAST) as ops:
+        r = ops.send_delayed("secret_topic", b"kept", delay=3600)
+        with Producer(cluster.namesrv, **APP, **FAST) as app:
+            for call in (
+                lambda: app.lookup("secret_topic", r.msg_id),
+                lambda: app.cancel(topic="secret_topic", msg_id=r.msg_id),
+                lambda: app.reschedule("secret_topic", r.msg_id, delay=1),
+            ):
+                with pytest.raises(AuthError) as info:
+                    call()
+                assert info.value.code == wire.ErrorCode.FORBIDDEN
+            assert app.lookup("orders", r.msg_id) is None  # its own topic: allowed, unknown
+        info = ops.lookup("secret_topic", r.msg_id)
+        assert info is not None and info.state == "scheduled"
+        assert info.deliver_at_ms == r.deliver_at_ms

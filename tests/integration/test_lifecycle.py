@@ -1,0 +1,246 @@
+"""A scheduled message found, moved and cancelled by id, on a real 2-broker cluster."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from qclient import AsyncProducer, LocalCluster, Message, MessageState, Producer
+from qclient.errors import InvalidMessageError, MessageNotScheduledError
+from qclient.protocol import wire
+
+from .helpers import drain, duplicates, wait_until
+
+pytestmark = pytest.mark.timeout(180)
+
+QCLIENT = [sys.executable, "-m", "qclient"]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory):
+    with LocalCluster(brokers=2, data_dir=str(tmp_path_factory.mktemp("lifecycle"))) as c:
+        yield c
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _id_on(p: Producer, topic: str, broker: str, prefix: str) -> str:
+    """A caller-chosen id whose first attempt goes to ``broker`` (ids are pinned)."""
+    info = p._info(topic)
+    for i in range(1000):
+        mid = f"{prefix}-{i}"
+        if p._core.select(info, msg_id=mid).broker_name == broker:
+            return mid
+    raise AssertionError("no id maps to " + broker)
+
+
+def _lookup_on(addr: str, topic: str, msg_id: str) -> wire.LookupResponse:
+    resp = httpx.post(
+        f"http://{addr}{wire.BROKER_LOOKUP}",
+        content=wire.encode(wire.LookupRequest(topic, msg_id)),
+        headers={"content-type": wire.JSON},
+        timeout=5,
+        trust_env=False,
+    )
+    assert resp.status_code == 200, resp.text
+    return wire.decode(resp.content, wire.LookupResponse)
+
+
+def test_lookup_from_another_producer(cluster):
+    with Producer(cluster.namesrv) as sender:
+        generated = sender.send_delayed("lc-lookup", b"x", delay=7 * 86_400)
+        chosen = sender.send_delayed("lc-lookup", b"y", delay=3600, msg_id="order-42-close")
+    with Producer(cluster.namesrv) as other:
+        for r in (generated, chosen):
+            info = other.lookup("lc-lookup", r.msg_id)
+            assert info is not None
+            assert (info.msg_id, info.topic, info.state) == (r.msg_id, "lc-lookup", "scheduled")
+            assert (info.broker_name, info.deliver_at_ms) == (r.broker_name, r.deliver_at_ms)
+            assert info.fired_at_ms is None and info.copies == 1
+        assert other.lookup("lc-lookup", "no-such-id") is None
+        assert other.lookup("lc-other-topic", chosen.msg_id) is None
+        with pytest.raises(InvalidMessageError):
+            other.lookup("lc-lookup", "has space")
+
+    async def from_async() -> None:
+        async with AsyncProducer(cluster.namesrv) as ap:
+            info = await ap.lookup("lc-lookup", chosen.msg_id)
+            assert info is not None and info.deliver_at_ms == chosen.deliver_at_ms
+            moved = await ap.reschedule("lc-lookup", chosen.msg_id, delay=7200)
+            assert moved.msg_id == chosen.msg_id and moved.deliver_at_ms > chosen.deliver_at_ms
+            assert await ap.cancel(topic="lc-lookup", msg_id=chosen.msg_id) is True
+            assert (await ap.lookup("lc-lookup", chosen.msg_id)).state == MessageState.CANCELLED
+
+    asyncio.run(from_async())
+
+
+def test_reschedule_earlier_and_later_delivers_once_at_the_new_time(cluster):
+    topic = "lc-move"
+    with Producer(cluster.namesrv) as p:
+        early = p.send_delayed(topic, b"early", delay=3600)
+        late = p.send_delayed(topic, b"late", delay=0.4)
+        moved_early = p.reschedule(topic, early.msg_id, delay=0.6)
+        moved_late = p.reschedule(topic, late.msg_id, delay=2.0)
+        assert moved_early.msg_id == early.msg_id and moved_late.msg_id == late.msg_id
+        assert moved_late.deliver_at_ms > late.deliver_at_ms + 1000
+        new_time = {early.msg_id: moved_early.deliver_at_ms, late.msg_id: moved_late.deliver_at_ms}
+        # past the old time of "late", before its new one: only "early" arrived
+        got = drain(cluster.namesrv, topic, "g", expected=1, timeout=10)
+        assert [m.msg_id for m in got] == [early.msg_id]
+        assert _now_ms() < moved_late.deliver_at_ms, "too slow to check the old time"
+        got += drain(cluster.namesrv, topic, "g", expected=1, timeout=10, settle=0.5)
+        assert sorted(m.msg_id for m in got) == sorted(new_time) and duplicates(got) == 0
+        for m in got:
+            assert m.deliver_at_ms == new_time[m.msg_id] <= m.fired_at_ms
+        info = p.lookup(topic, late.msg_id)
+        assert info.state == MessageState.FIRED and info.fired_at_ms >= moved_late.deliver_at_ms
+        with pytest.raises(MessageNotScheduledError) as err:
+            p.reschedule(topic, late.msg_id, delay=5)
+        assert err.value.state == MessageState.FIRED
+        assert p.cancel(topic=topic, msg_id=late.msg_id) is False
+
+
+def test_cancel_by_id_and_errors(cluster):
+    topic = "lc-cancel"
+    with Producer(cluster.namesrv) as p:
+        r = p.send_delayed(topic, b"never", delay=0.8)
+        assert p.cancel(topic=topic, msg_id=r.msg_id) is True
+        assert p.cancel(topic=topic, msg_id=r.msg_id) is False
+        info = p.lookup(topic, r.msg_id)
+        assert info.state == MessageState.CANCELLED and info.fired_at_ms is None
+        with pytest.raises(MessageNotScheduledError) as err:
+            p.reschedule(topic, r.msg_id, delay=1)
+        assert err.value.state == MessageState.CANCELLED
+        with pytest.raises(MessageNotScheduledError) as err:
+            p.reschedule(topic, "never-sent", delay=1)
+        assert err.value.state is None
+        with pytest.raises(InvalidMessageError):
+            p.reschedule(topic, r.msg_id, delay=1, deliver_at=time.time() + 5)
+        assert p.cancel(topic=topic, msg_id="never-sent") is False
+    wait_until(lambda: _now_ms() > r.deliver_at_ms + 300, 5, "the cancelled time to pass")
+    assert drain(cluster.namesrv, topic, "g", expected=1, timeout=1.0) == []
+
+
+def test_kill9_right_after_reschedule_delivers_once_at_the_new_time(cluster):
+    topic = "lc-kill"
+    with Producer(cluster.namesrv, send_timeout=10) as p:
+        r = p.send_delayed(topic, b"moved", delay=1.5)
+        moved = p.reschedule(topic, r.msg_id, delay=5.0)
+        broker = next(b for b in cluster.brokers if b.name == moved.broker_name)
+        broker.kill()  # acknowledged = durable: the one reschedule record survives
+    broker.start()
+    # the old time passes while the broker restarts: it must not fire then, or ever
+    wait_until(lambda: _now_ms() > r.deliver_at_ms + 500, 10, "the old time to pass")
+    early = drain(cluster.namesrv, topic, "g", expected=1, timeout=0.5)
+    if _now_ms() < moved.deliver_at_ms:
+        assert early == [], "fired at the old time"
+    got = early + drain(cluster.namesrv, topic, "g", expected=1, timeout=15, settle=0.5)
+    assert [m.msg_id for m in got] == [r.msg_id]
+    assert got[0].deliver_at_ms == moved.deliver_at_ms <= got[0].fired_at_ms
+
+
+def test_copy_left_on_a_paused_broker_shares_the_time_and_is_cancelled(cluster):
+    """The first attempt is stored on a broker that is then SIGSTOPped before it answers;
+    the retry is acknowledged by the other broker with the remaining delay."""
+    topic = "lc-copies"
+    a, b = cluster.brokers
+    commitlog = Path(cluster.data_dir) / a.name / "store" / "commitlog"
+
+    def log_bytes() -> int:
+        return sum(f.stat().st_size for f in commitlog.iterdir())
+
+    with Producer(cluster.namesrv) as warm:
+        warm.send_batch([Message(topic, b"warm-up", msg_id=f"w{i}") for i in range(8)])
+    for attempt in range(8):
+        p = Producer(cluster.namesrv, send_timeout=2.0, start_detector_enable=False)
+        mid = _id_on(p, topic, a.name, f"copy{attempt}")
+        before = log_bytes()
+        stop, paused = threading.Event(), threading.Event()
+
+        def watch(
+            before: int = before, stop: threading.Event = stop, paused: threading.Event = paused
+        ) -> None:
+            while not stop.is_set():
+                if log_bytes() > before:  # written, maybe not yet fsync'd or answered
+                    a.pause()
+                    paused.set()
+                    return
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        try:
+            r = p.send_delayed(topic, b"copy", delay=4.0, msg_id=mid)
+        finally:
+            stop.set()
+            watcher.join()
+        if paused.is_set() and r.broker_name == b.name:
+            break  # a stopped before answering: the retry went to b
+        a.resume()  # a answered before the stop: try again
+        p.close()
+    else:
+        pytest.skip("broker a always answered before it could be stopped")
+    with p:
+        # cancel while a is still stopped; a resumes within the cancel's retries
+        threading.Timer(0.5, a.resume).start()
+        assert p.cancel(topic=topic, msg_id=mid) is True
+        info = p.lookup(topic, mid)
+        assert info.state == MessageState.CANCELLED and info.copies == 2
+    copies = [_lookup_on(x.addr, topic, mid) for x in (a, b)]
+    assert all(c.found and c.state == wire.STATE_CANCELLED for c in copies)
+    assert abs(copies[0].deliver_at_ms - copies[1].deliver_at_ms) <= 50, copies
+    wait_until(lambda: _now_ms() > r.deliver_at_ms + 300, 10, "the deliver time to pass")
+    got = drain(cluster.namesrv, topic, "g", expected=9, timeout=3.0)
+    assert mid not in {m.msg_id for m in got}
+
+
+def _cli(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [*QCLIENT, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def _done(proc: subprocess.Popen[str]) -> tuple[int, str, str]:
+    try:
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    return proc.returncode, out, err
+
+
+def test_cli_lookup_cancel_reschedule(cluster):
+    ns, topic = cluster.namesrv, "lc-cli"
+    with Producer(cluster.namesrv) as p:
+        r = p.send_delayed(topic, b"x", delay=3600, msg_id="cli-1")
+        p.send_delayed(topic, b"x", delay=3600, msg_id="cli-2")
+    # independent commands run side by side (each process start costs ~1 s here)
+    lookup, move = (
+        _cli("lookup", "--namesrv", ns, "--topic", topic, "cli-1"),
+        _cli("reschedule", "--namesrv", ns, "--topic", topic, "--delay", "2h", "cli-2"),
+    )
+    code, out, err = _done(lookup)
+    assert code == 0 and '"state": "scheduled"' in out and r.msg_id in out, err
+    code, out, err = _done(move)
+    assert code == 0 and '"msg_id": "cli-2"' in out, err
+    code, out, err = _done(_cli("cancel", "--namesrv", ns, "--topic", topic, "cli-1"))
+    assert code == 0 and '"cancelled": true' in out, err
+    failing = [
+        (_cli("cancel", "--namesrv", ns, "--topic", topic, "cli-1"), "it is cancelled"),
+        (_cli("lookup", "--namesrv", ns, "--topic", topic, "nope"), "unknown to every broker"),
+    ]
+    for proc, says in failing:
+        code, out, err = _done(proc)
+        assert code == 1 and says in err, err
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
