@@ -150,7 +150,7 @@ def test_accumulator_bound_linger_and_flush_force() -> None:
     from qclient._config import ProducerConfig
     from qclient._validation import to_wire
     from qclient.fault import ThreadLocalIndex
-    from qclient.producer._core import Item
+    from qclient.producer._plan import Item
     from qclient.producer.message_accumulator import MessageAccumulator
     from qclient.routing import TopicPublishInfo
 

@@ -1,10 +1,11 @@
 """The producer's logic without I/O, shared by ``Producer``, ``AsyncProducer`` and the sender.
 
-A send is a *plan*: a generator that yields the HTTP calls of one round (``list[HttpCall]``,
-answered with ``list[CallResult]`` in the same order) or a pause (``Sleep``), and returns
-the per-message results. The plan does the queue selection, the chunking per broker,
-the per-attempt timeouts, the fault-table updates and the retry policy (tenacity);
-the drivers in ``_drivers.py`` only perform the calls, blocking or with asyncio.
+A send is a *plan* (its vocabulary is in ``_plan.py``): a generator that yields the HTTP
+calls of one round (``list[HttpCall]``, answered with ``list[CallResult]`` in the same
+order) or a pause (``Sleep``), and returns the per-message results. The plan does the
+queue selection, the chunking per broker, the per-attempt timeouts, the fault-table
+updates and the retry policy (tenacity); the drivers in ``_drivers.py`` only perform
+the calls, blocking or with asyncio.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Generator, Iterable
-from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -29,13 +29,10 @@ from ..errors import (
 from ..fault.latency import FaultItemSnapshot
 from ..fault.strategy import MQFaultStrategy
 from ..protocol.wire import (
-    BROKER_CANCEL,
     BROKER_SEND,
     ENCODINGS,
     RETRYABLE_CODES,
     SEND_OK,
-    CancelRequest,
-    CancelResponse,
     SendRequest,
     SendResponse,
     TopicRoute,
@@ -52,83 +49,24 @@ from ..transport.errors import (
     parse_error_response,
     response_outcome,
 )
-from ..transport.http import HttpResponse
+from ._plan import (
+    PER_MESSAGE_OVERHEAD,
+    CallResult,
+    HttpCall,
+    Item,
+    Plan,
+    Sleep,
+    Step,
+    queued_seconds,
+)
 from ._stats import Stats
 
-__all__ = [
-    "CallResult",
-    "HttpCall",
-    "Item",
-    "Plan",
-    "ProducerCore",
-    "Sleep",
-    "carry_remaining_delay",
-]
+__all__ = ["MIN_ATTEMPT", "ProducerCore", "carry_remaining_delay"]
 
 log = logging.getLogger(__name__)
 
 #: the shortest per-attempt timeout worth trying; below it the send has timed out
 MIN_ATTEMPT = 0.02
-#: framing allowance per message when sizing a chunk against batch_max_bytes
-_PER_MESSAGE_OVERHEAD = 96
-
-
-@dataclass(slots=True, eq=False)
-class Item:
-    """One message in flight: its wire form, route, and where it went last."""
-
-    index: int  # position in the caller's input
-    wire: WireMessage
-    info: TopicPublishInfo
-    queue: MessageQueue | None = None  # pre-assigned by the accumulator for round 1
-    #: the caller chose the id: send it to the broker that owns the id (see select_for_id)
-    pinned: bool = False
-    last_broker: str | None = None
-    error: QClientError | None = None
-    #: the message's send span (``_tracing.start_send``), ended with its result
-    trace: Any = None
-    #: the delay of the first attempt (ms), once a retry has shortened ``wire.delay_ms``
-    first_delay_ms: int | None = None
-
-    @property
-    def size(self) -> int:
-        return len(self.wire.body) + len(self.wire.topic) + _PER_MESSAGE_OVERHEAD
-
-
-@dataclass(slots=True, eq=False)
-class HttpCall:
-    """A POST the driver must make."""
-
-    broker: str
-    addr: str
-    path: str
-    body: bytes
-    timeout: float
-    items: list[Item]
-
-
-@dataclass(slots=True)
-class CallResult:
-    """What came of an ``HttpCall``: a response or an exception, and how long it took."""
-
-    response: HttpResponse | None = None
-    exc: BaseException | None = None
-    latency_ms: float = 0.0
-    queued_s: float = 0.0  # waited for a client-side slot before the attempt started
-
-
-class Sleep(float):
-    """A pause the driver must take between rounds (seconds)."""
-
-
-Step = list[HttpCall] | Sleep
-Plan = Generator[Step, Any, Any]
-
-
-def _queued(outcomes: list[CallResult]) -> float:
-    """Seconds a round waited for client-side slots: client queueing is not the brokers'
-    time, so the send's deadline moves by it."""
-    return max((o.queued_s for o in outcomes), default=0.0)
 
 
 class _Round(Exception):
@@ -284,7 +222,7 @@ class ProducerCore:
         else:
             calls = self._calls(items, 1, deadline)
         outcomes: list[CallResult] = yield calls
-        deadline += _queued(outcomes)
+        deadline += queued_seconds(outcomes)
         pending = self._absorb(calls, outcomes, results)
         attempts = 1
         if pending:
@@ -331,7 +269,7 @@ class ProducerCore:
                 carry_remaining_delay(pending, first_attempt)
                 calls = self._calls(pending, attempt, deadline)
                 outcomes: list[CallResult] = yield calls
-                queued = _queued(outcomes)
+                queued = queued_seconds(outcomes)
                 if queued > 0:
                     deadline += queued
                     state.kwargs["deadline"] = deadline
@@ -386,7 +324,7 @@ class ProducerCore:
             chunk: list[Item] = []
             size = 0
             for it in group:
-                s = len(it.wire.body) + len(it.wire.topic) + _PER_MESSAGE_OVERHEAD  # it.size
+                s = len(it.wire.body) + len(it.wire.topic) + PER_MESSAGE_OVERHEAD  # it.size
                 if chunk and (len(chunk) >= max_n or size + s > max_bytes):
                     calls.append(self._call(broker, addr, chunk, timeout))
                     chunk, size = [], 0
@@ -520,46 +458,3 @@ class ProducerCore:
                 results[it.index] = err
 
     # --- cancel ----------------------------------------------------------------------
-
-    def plan_cancel(self, result: SendResult, addr: str) -> Plan:
-        """Cancel on the broker that holds the message; retries transport failures there."""
-        body = encode(
-            CancelRequest(
-                topic=result.topic, msg_id=result.msg_id, deliver_at_ms=result.deliver_at_ms
-            ),
-            self.content_type,
-        )
-        deadline = time.monotonic() + self.cfg.send_timeout
-        broker = result.broker_name
-        last: QClientError | None = None
-        for attempt in range(1, self.cfg.times_total + 1):
-            if deadline - time.monotonic() < MIN_ATTEMPT:
-                break
-            timeout = self.attempt_timeout(attempt, deadline)
-            call = HttpCall(broker, addr, BROKER_CANCEL, body, timeout, [])
-            (res,) = yield [call]
-            if res.exc is not None or res.response is None:
-                outcome, last = classify_exception(
-                    res.exc or RuntimeError("no response"), broker=broker, timeout=timeout
-                )
-                self.record(broker, res.latency_ms, outcome)
-                if outcome is Outcome.FINAL:
-                    break
-                yield Sleep(0.01 * attempt)
-                continue
-            resp = res.response
-            if resp.status == 200:
-                self.record(broker, res.latency_ms, Outcome.OK)
-                answer = decode(resp.content, CancelResponse, resp.media_type)
-                if not answer.cancelled:
-                    log.info("cancel of %s on %s: %s", result.msg_id, broker, answer.reason)
-                return answer.cancelled
-            code, message = parse_error_response(resp)
-            outcome = response_outcome(code, resp.status)
-            self.record(broker, res.latency_ms, outcome)
-            last = error_for_code(
-                code, message, broker=broker, topic=result.topic, status=resp.status
-            )
-            if outcome is Outcome.FINAL:
-                break
-        raise last or SendTimeoutError(f"cancel of {result.msg_id} timed out")

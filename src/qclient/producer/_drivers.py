@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 
 from ..transport.http import AioHttp, AsyncHttp, SyncHttp
-from ._core import CallResult, HttpCall, Plan, Sleep
+from ._plan import CallResult, HttpCall, Plan, Sleep
 
 __all__ = ["AsyncSlots", "SyncSlots", "call_async", "call_sync", "run_async", "run_sync"]
 

@@ -43,8 +43,8 @@ from ..transport.http import AsyncHttp
 from . import lifecycle
 from ._background import Background
 from ._base import ProducerBase, batch_outcome
-from ._core import Item
 from ._drivers import AsyncSlots, run_async
+from ._plan import Item
 
 __all__ = ["AsyncProducer"]
 
@@ -326,7 +326,7 @@ class AsyncProducer(ProducerBase):
             raise BrokerUnavailableError(
                 f"broker {result.broker_name} is in no known route", broker_name=result.broker_name
             )
-        return bool(await run_async(self._core.plan_cancel(result, addr), self._http))
+        return bool(await run_async(lifecycle.plan_cancel(self._core, result, addr), self._http))
 
     async def close(self, timeout: float | None = None) -> None:
         """Stop the background thread and close connections; idempotent."""

@@ -25,7 +25,8 @@ from typing import Any
 
 from .._models import SendResult
 from ..errors import ProducerClosedError, QClientError, SendTimeoutError
-from ._core import Item, Plan, ProducerCore
+from ._core import ProducerCore
+from ._plan import Item, Plan
 
 __all__ = ["SyncCoalescer"]
 
@@ -93,18 +94,19 @@ class SyncCoalescer:
                 with self._lock:
                     queued = self._unqueue(broker, me)
                 if queued:
-                    return self._timed_out(me)
+                    self._timed_out(me)
+                    return None
                 me.done.acquire()  # taken into a batch as the wait ended: it is answered soon
         except BaseException:
             self._abandon(broker, me)
             raise
         return me.batch
 
-    def _timed_out(self, me: _Waiter) -> None:
+    @staticmethod
+    def _timed_out(me: _Waiter) -> None:
         me.result = SendTimeoutError(
             f"message {me.item.wire.msg_id} found no free request slot within send_timeout"
         )
-        return None
 
     def _unqueue(self, broker: str, me: _Waiter) -> bool:
         queue = self._queues.get(broker)

@@ -32,6 +32,7 @@ from ..errors import (
     InvalidMessageError,
     MessageNotScheduledError,
     QClientError,
+    SendTimeoutError,
 )
 from ..protocol import wire
 from ..protocol.wire import (
@@ -54,11 +55,13 @@ from ..transport.errors import (
     parse_error_response,
     response_outcome,
 )
-from ._core import MIN_ATTEMPT, HttpCall, Plan, ProducerCore, Sleep
+from ._core import MIN_ATTEMPT, ProducerCore
+from ._plan import HttpCall, Plan, Sleep
 
 __all__ = [
     "cancel_target",
     "check_id",
+    "plan_cancel",
     "plan_cancel_id",
     "plan_lookup",
     "plan_reschedule",
@@ -263,3 +266,43 @@ def plan_reschedule(core: ProducerCore, addrs: dict[str, str], request: Reschedu
     raise MessageNotScheduledError(
         f"message {msg_id} of topic {topic!r} is unknown to every broker"
     )
+
+
+def plan_cancel(core: ProducerCore, result: SendResult, addr: str) -> Plan:
+    """Cancel on the broker that holds the message; retries transport failures there."""
+    body = encode(
+        CancelRequest(topic=result.topic, msg_id=result.msg_id, deliver_at_ms=result.deliver_at_ms),
+        core.content_type,
+    )
+    deadline = time.monotonic() + core.cfg.send_timeout
+    broker = result.broker_name
+    last: QClientError | None = None
+    for attempt in range(1, core.cfg.times_total + 1):
+        if deadline - time.monotonic() < MIN_ATTEMPT:
+            break
+        timeout = core.attempt_timeout(attempt, deadline)
+        call = HttpCall(broker, addr, BROKER_CANCEL, body, timeout, [])
+        (res,) = yield [call]
+        if res.exc is not None or res.response is None:
+            outcome, last = classify_exception(
+                res.exc or RuntimeError("no response"), broker=broker, timeout=timeout
+            )
+            core.record(broker, res.latency_ms, outcome)
+            if outcome is Outcome.FINAL:
+                break
+            yield Sleep(0.01 * attempt)
+            continue
+        resp = res.response
+        if resp.status == 200:
+            core.record(broker, res.latency_ms, Outcome.OK)
+            answer = decode(resp.content, CancelResponse, resp.media_type)
+            if not answer.cancelled:
+                log.info("cancel of %s on %s: %s", result.msg_id, broker, answer.reason)
+            return answer.cancelled
+        code, message = parse_error_response(resp)
+        outcome = response_outcome(code, resp.status)
+        core.record(broker, res.latency_ms, outcome)
+        last = error_for_code(code, message, broker=broker, topic=result.topic, status=resp.status)
+        if outcome is Outcome.FINAL:
+            break
+    raise last or SendTimeoutError(f"cancel of {result.msg_id} timed out")

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from .._config import ProducerConfig
 from .._models import SendResult
 from ..errors import BufferFullError, ProducerClosedError, SendTimeoutError
-from ._core import Item
+from ._plan import Item
 
 __all__ = ["MessageAccumulator", "ProducerBatch"]
 

@@ -35,9 +35,9 @@ from ..transport.http import SyncHttp
 from . import lifecycle
 from ._background import Background
 from ._base import ProducerBase, batch_outcome
-from ._core import Item, Plan
 from ._drivers import SyncSlots, run_sync
 from ._future import SendFuture
+from ._plan import Item, Plan
 from .coalescer import SyncCoalescer
 from .sender import Sender
 
@@ -314,7 +314,7 @@ class Producer(ProducerBase):
             raise BrokerUnavailableError(
                 f"broker {result.broker_name} is in no known route", broker_name=result.broker_name
             )
-        return bool(run_sync(self._core.plan_cancel(result, addr), self._http))
+        return bool(run_sync(lifecycle.plan_cancel(self._core, result, addr), self._http))
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every ``send_async`` so far has completed (``SendTimeoutError``

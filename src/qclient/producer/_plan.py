@@ -1,0 +1,76 @@
+"""The vocabulary of a send plan: the messages in flight, the calls a plan asks its driver
+to make, what came of them, and the plan type itself (see ``_core.py``)."""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import QClientError
+from ..protocol.wire import WireMessage
+from ..routing.publish_info import MessageQueue, TopicPublishInfo
+from ..transport.http import HttpResponse
+
+__all__ = ["CallResult", "HttpCall", "Item", "Plan", "Sleep", "Step", "queued_seconds"]
+
+#: framing allowance per message when sizing a chunk against batch_max_bytes
+PER_MESSAGE_OVERHEAD = 96
+
+
+@dataclass(slots=True, eq=False)
+class Item:
+    """One message in flight: its wire form, route, and where it went last."""
+
+    index: int  # position in the caller's input
+    wire: WireMessage
+    info: TopicPublishInfo
+    queue: MessageQueue | None = None  # pre-assigned by the accumulator for round 1
+    #: the caller chose the id: send it to the broker that owns the id (see select_for_id)
+    pinned: bool = False
+    last_broker: str | None = None
+    error: QClientError | None = None
+    #: the message's send span (``_tracing.start_send``), ended with its result
+    trace: Any = None
+    #: the delay of the first attempt (ms), once a retry has shortened ``wire.delay_ms``
+    first_delay_ms: int | None = None
+
+    @property
+    def size(self) -> int:
+        return len(self.wire.body) + len(self.wire.topic) + PER_MESSAGE_OVERHEAD
+
+
+@dataclass(slots=True, eq=False)
+class HttpCall:
+    """A POST the driver must make."""
+
+    broker: str
+    addr: str
+    path: str
+    body: bytes
+    timeout: float
+    items: list[Item]
+
+
+@dataclass(slots=True)
+class CallResult:
+    """What came of an ``HttpCall``: a response or an exception, and how long it took."""
+
+    response: HttpResponse | None = None
+    exc: BaseException | None = None
+    latency_ms: float = 0.0
+    queued_s: float = 0.0  # waited for a client-side slot before the attempt started
+
+
+class Sleep(float):
+    """A pause the driver must take between rounds (seconds)."""
+
+
+Step = list[HttpCall] | Sleep
+Plan = Generator[Step, Any, Any]
+
+
+def queued_seconds(outcomes: list[CallResult]) -> float:
+    """Seconds a round waited for client-side slots: client queueing is not the brokers'
+    time, so the send's deadline moves by it."""
+    return max((o.queued_s for o in outcomes), default=0.0)
