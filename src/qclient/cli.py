@@ -298,11 +298,17 @@ def cmd_consume(args: argparse.Namespace) -> int:
     from .consumer import Consumer
 
     got = 0
-    deadline = time.monotonic() + args.timeout
+    # --follow: until Ctrl-C / SIGTERM (then commit and leave the group), or --max if given
+    limit = args.max if args.max is not None else (1 << 62 if args.follow else 100)
+    deadline = time.monotonic() + (float("inf") if args.follow else args.timeout)
+    stop: list[int] = []
+    if args.follow:  # stop between polls: every message printed is committed, no more
+        signal.signal(signal.SIGTERM, lambda signum, frame: stop.append(signum))
+        signal.signal(signal.SIGINT, lambda signum, frame: stop.append(signum))
     with Consumer(args.namesrv, args.topic, args.group, **_credentials(args)) as consumer:
-        while got < args.max and time.monotonic() < deadline:
+        while got < limit and time.monotonic() < deadline and not stop:
             remaining = deadline - time.monotonic()
-            batch = consumer.poll(min(32, args.max - got), timeout=min(1.0, remaining))
+            batch = consumer.poll(min(32, limit - got), timeout=min(1.0, remaining))
             for m in batch:
                 print(
                     json.dumps(
@@ -482,8 +488,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--namesrv", required=True)
     p.add_argument("--topic", required=True)
     p.add_argument("--group", required=True)
-    p.add_argument("--max", type=int, default=100)
+    p.add_argument("--max", type=int, default=None, help="stop after N (default 100)")
     p.add_argument("--timeout", type=parse_duration, default=10.0)
+    p.add_argument("--follow", action="store_true", help="keep printing until Ctrl-C")
     _add_auth(p)
     p.set_defaults(func=cmd_consume)
 

@@ -4,6 +4,7 @@ goes to one member, and a member that closes or dies hands its queues over."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -225,3 +226,27 @@ def test_async_consumer_iterates(cluster):
         return got
 
     assert set(asyncio.run(main())) == ids
+
+
+def test_cli_consume_follow_prints_until_sigterm(cluster, tmp_path: Path):
+    create_topic(cluster, "grpcli")
+    out_path = tmp_path / "follow.out"
+    with out_path.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "qclient", "consume", "--namesrv", cluster.namesrv,
+             "--topic", "grpcli", "--group", "cli", "--follow"],
+            stdout=out,
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+    try:
+        ids = send(cluster, "grpcli", 5, 0.1)
+        wait_until(lambda: len(out_path.read_text().splitlines()) >= 5, 20, "5 printed lines")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0, proc.stderr.read() if proc.stderr else ""
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    lines = out_path.read_text().splitlines()
+    assert {json.loads(ln)["msg_id"] for ln in lines} == ids
