@@ -15,40 +15,36 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from . import limits as _limits
+
 # --- constants -------------------------------------------------------------------
 
-#: topic and group names, as documented (the whole name must match)
-TOPIC_PATTERN = "^[A-Za-z0-9_%|-]{1,127}$"
-# \Z, not $: "$" also matches before a trailing newline, and "orders\n" is no topic
-TOPIC_RE = re.compile(r"^[A-Za-z0-9_%|-]{1,127}\Z")
+# the message limits' home is limits.py; wire keeps the names its readers use
+FLAG_COMPRESSED = _limits.FLAG_COMPRESSED
+MAX_KEY_CHARS = _limits.MAX_KEY_CHARS
+MAX_PROPERTIES = _limits.MAX_PROPERTIES
+MAX_PROPERTY_KEY_CHARS = _limits.MAX_PROPERTY_KEY_CHARS
+MAX_PROPERTY_VALUE_CHARS = _limits.MAX_PROPERTY_VALUE_CHARS
+MAX_QUEUES = _limits.MAX_QUEUES
+MAX_TAGS_CHARS = _limits.MAX_TAGS_CHARS
+MSG_ID_RE = _limits.MSG_ID_RE
+TOPIC_PATTERN = _limits.TOPIC_PATTERN
+TOPIC_RE = _limits.TOPIC_RE
+
 GROUP_RE = TOPIC_RE
-#: 1-128 printable ASCII characters, no space: message ids; on the servers also access
-#: keys and broker/cluster names
+#: 1-128 printable ASCII characters, no space: access keys and broker/cluster names
 PRINTABLE_128_RE = re.compile(r"^[\x21-\x7e]{1,128}\Z")
-#: message ids: 1-128 printable ASCII characters, no space
-MSG_ID_RE = PRINTABLE_128_RE
 
 #: consumer-group members: ownership lease bounds (ms) and members per (group, topic)
 MIN_GROUP_LEASE_MS = 300
 MAX_GROUP_LEASE_MS = 120_000
 MAX_GROUP_MEMBERS = 1024
 
-# Limits of one message, checked by the SDK before the network and again by the broker.
-MAX_KEY_CHARS = 1024
-MAX_TAGS_CHARS = 256
-MAX_PROPERTIES = 64
-MAX_PROPERTY_KEY_CHARS = 256
-MAX_PROPERTY_VALUE_CHARS = 4096
-MAX_QUEUES = 256
-
 PERM_READ = 4
 PERM_WRITE = 2
 PERM_READ_WRITE = PERM_READ | PERM_WRITE
 
 MASTER_ID = 0
-
-#: message flag bits
-FLAG_COMPRESSED = 1  # body is zlib-compressed; consumers inflate it
 
 JSON = "application/json"
 MSGPACK = "application/msgpack"

@@ -9,7 +9,6 @@ import logging
 import ssl
 import sys
 from collections import defaultdict
-from collections.abc import Iterable
 from operator import attrgetter
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from ..store import (
     wall_clock_ms,
 )
 from . import lifecycle
+from .checks import MessageChecks
 from .config import BrokerConfig
 from .disk import DiskGuard
 from .groups import GroupTable, group_heartbeat, group_pull
@@ -40,18 +40,8 @@ from .topics import TopicRegistry
 
 log = logging.getLogger(__name__)
 
-KNOWN_FLAGS = wire.FLAG_COMPRESSED
-
 _TOPIC = attrgetter("topic")
-_MSG_ID = attrgetter("msg_id")
-_BODY = attrgetter("body")
 _QUEUE_ID = attrgetter("queue_id")
-_KEY = attrgetter("key")
-_TAGS = attrgetter("tags")
-_PROPERTIES = attrgetter("properties")
-_FLAG = attrgetter("flag")
-_DELAY_MS = attrgetter("delay_ms")
-_DELIVER_AT_MS = attrgetter("deliver_at_ms")
 _DUPLICATE = attrgetter("duplicate")
 
 
@@ -71,6 +61,7 @@ class Broker:
         )
         self.store = DelayStore(store_cfg)
         self.disk = DiskGuard(str(data_dir), config.min_free_bytes, config.name)
+        self.checks = MessageChecks(config.max_message_size, config.max_delay_ms)
         self.perm = wire.PERM_READ if config.read_only else wire.PERM_READ_WRITE
         self.heartbeat: Heartbeat | None = None
         self.authorizer: Any = None  # set when --auth-file is given
@@ -154,138 +145,6 @@ class Broker:
                 self.heartbeat.kick()
         return cfg
 
-    # --- validation -----------------------------------------------------------------
-
-    def check_message(self, i: int, m: wire.WireMessage, now_ms: int) -> int:
-        """Validate one message; returns its deliver time (broker clock for delay_ms)."""
-        where = f"messages[{i}]"
-        if not wire.valid_topic(m.topic):
-            raise ApiError(
-                400,
-                ErrorCode.INVALID_TOPIC,
-                f"{where}.topic {m.topic[:140]!r} must match {wire.TOPIC_PATTERN}",
-            )
-        if not wire.MSG_ID_RE.match(m.msg_id):
-            raise ApiError(
-                400,
-                ErrorCode.INVALID_MESSAGE,
-                f"{where}.msg_id must be 1-128 printable ASCII characters",
-            )
-        if len(m.body) > self.config.max_message_size:
-            raise ApiError(
-                413,
-                ErrorCode.MESSAGE_TOO_LARGE,
-                f"{where}.body is {len(m.body)} bytes, the limit is {self.config.max_message_size}",
-            )
-        if m.queue_id < 0 or m.queue_id >= wire.MAX_QUEUES:
-            raise ApiError(400, ErrorCode.INVALID_MESSAGE, f"{where}.queue_id out of range")
-        if m.key is not None and len(m.key) > wire.MAX_KEY_CHARS:
-            raise ApiError(
-                400,
-                ErrorCode.INVALID_MESSAGE,
-                f"{where}.key longer than {wire.MAX_KEY_CHARS} characters",
-            )
-        if m.tags is not None and len(m.tags) > wire.MAX_TAGS_CHARS:
-            raise ApiError(
-                400,
-                ErrorCode.INVALID_MESSAGE,
-                f"{where}.tags longer than {wire.MAX_TAGS_CHARS} characters",
-            )
-        if m.properties is not None:
-            if len(m.properties) > wire.MAX_PROPERTIES:
-                raise ApiError(
-                    400,
-                    ErrorCode.INVALID_MESSAGE,
-                    f"{where}.properties has more than {wire.MAX_PROPERTIES} entries",
-                )
-            for k, v in m.properties.items():
-                if len(k) > wire.MAX_PROPERTY_KEY_CHARS or len(v) > wire.MAX_PROPERTY_VALUE_CHARS:
-                    raise ApiError(
-                        400, ErrorCode.INVALID_MESSAGE, f"{where}.properties entry too long"
-                    )
-        if m.flag & ~KNOWN_FLAGS:
-            raise ApiError(400, ErrorCode.INVALID_MESSAGE, f"{where}.flag has unknown bits")
-        max_delay = self.config.max_delay_ms
-        if m.delay_ms is not None and m.deliver_at_ms is not None:
-            raise ApiError(
-                400, ErrorCode.INVALID_DELAY, f"{where}: give delay_ms or deliver_at_ms, not both"
-            )
-        if m.delay_ms is not None:
-            if m.delay_ms < 0 or m.delay_ms > max_delay:
-                raise ApiError(
-                    400,
-                    ErrorCode.INVALID_DELAY,
-                    f"{where}.delay_ms must be 0..{max_delay}, got {m.delay_ms}",
-                )
-            return now_ms + m.delay_ms
-        if m.deliver_at_ms is not None:
-            if m.deliver_at_ms < 0 or m.deliver_at_ms - now_ms > max_delay:
-                raise ApiError(
-                    400,
-                    ErrorCode.INVALID_DELAY,
-                    f"{where}.deliver_at_ms is more than {max_delay} ms ahead "
-                    "(the broker's maximum delay) or negative",
-                )
-            return m.deliver_at_ms
-        return now_ms
-
-    def check_batch(
-        self,
-        msgs: list[wire.WireMessage],
-        now_ms: int,
-        topics: Iterable[str],
-        max_queue: int,
-    ) -> list[int] | None:
-        """The deliver times of a batch every message of which passes :meth:`check_message`
-        (each check done once per batch, in C loops: no per-message Python code), or
-        None when some message may not pass or has a shape this fast path leaves alone --
-        then :meth:`check_message`, message by message, gives the answer (and names the
-        first bad message). Never looser than :meth:`check_message`. ``topics``: the
-        batch's distinct topics; ``max_queue``: its highest queue id (the caller needs
-        both too, so they are computed once)."""
-        n = len(msgs)
-        for topic in topics:
-            if not wire.valid_topic(topic):
-                return None
-        ids = list(map(_MSG_ID, msgs))
-        # ids joined by a space (itself not allowed in an id): printable ASCII, no other space
-        joined = " ".join(ids)
-        if not (joined.isascii() and joined.isprintable()) or joined.count(" ") != n - 1:
-            return None
-        lengths = list(map(len, ids))
-        if min(lengths) < 1 or max(lengths) > 128:
-            return None
-        if max(map(len, map(_BODY, msgs))) > self.config.max_message_size:
-            return None
-        if min(map(_QUEUE_ID, msgs)) < 0 or max_queue >= wire.MAX_QUEUES:
-            return None
-        for attr, limit in ((_KEY, wire.MAX_KEY_CHARS), (_TAGS, wire.MAX_TAGS_CHARS)):
-            if any(map(attr, msgs)):  # all None or "": nothing to check
-                values = set(map(attr, msgs))
-                values.discard(None)
-                if max(map(len, values)) > limit:
-                    return None
-        if any(map(_PROPERTIES, msgs)):  # None or {} pass; entries: message by message
-            return None
-        if any(map(_FLAG, msgs)):
-            for flag in set(map(_FLAG, msgs)):
-                if flag & ~KNOWN_FLAGS:
-                    return None
-        max_delay = self.config.max_delay_ms
-        delays = list(map(_DELAY_MS, msgs))
-        ats = list(map(_DELIVER_AT_MS, msgs))
-        if ats.count(None) == n:
-            if delays.count(None) == n:
-                return [now_ms] * n
-            if None in delays or min(delays) < 0 or max(delays) > max_delay:
-                return None
-            return [now_ms + d for d in delays]
-        if delays.count(None) == n and None not in ats:
-            if min(ats) < 0 or max(ats) - now_ms > max_delay:
-                return None
-            return ats
-        return None
-
     def authorize(self, request: web.Request, topics: set[str]) -> None:
         if self.authorizer is not None:
             self.authorizer.check_topics(request, topics)
@@ -307,9 +166,9 @@ class Broker:
         now = wall_clock_ms()
         topic_names = dict.fromkeys(map(_TOPIC, msgs))  # first-appearance order
         max_queue = max(map(_QUEUE_ID, msgs))
-        deliver = self.check_batch(msgs, now, topic_names, max_queue)
+        deliver = self.checks.batch(msgs, now, topic_names, max_queue)
         if deliver is None:
-            deliver = [self.check_message(i, m, now) for i, m in enumerate(msgs)]
+            deliver = [self.checks.message(i, m, now) for i, m in enumerate(msgs)]
         self.authorize(request, set(topic_names))
         if self.config.read_only:
             raise ApiError(403, ErrorCode.NOT_WRITABLE, f"broker {self.config.name} is read-only")
@@ -354,7 +213,7 @@ class Broker:
         ]
         if to_store:
             try:
-                # validated: check_batch / check_message did (more strictly) what the
+                # validated: the message checks did (more strictly) what the
                 # store's own input checks would do again; topics: those of to_store
                 # when it is all of msgs (then the store need not collect them again)
                 stored = await asyncio.wrap_future(
