@@ -53,6 +53,7 @@ class Scenario:
 
 SCENARIOS: list[Scenario] = [
     Scenario("producer_bench", "benchmarks.producer_bench", 300),
+    Scenario("tracing_bench", "benchmarks.tracing_bench", 600),
     Scenario("one_call_bench", "benchmarks.one_call_bench", 300),
     Scenario("broker_bench", "benchmarks.broker_bench", 600),
     Scenario("failover_bench", "benchmarks.failover_bench", 600),

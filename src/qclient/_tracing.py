@@ -35,7 +35,6 @@ __all__ = [
 
 try:
     from opentelemetry import metrics as _metrics
-    from opentelemetry import propagate as _propagate
     from opentelemetry import trace as _trace
 except ImportError:  # the otel extra is not installed: every hook is a no-op
     AVAILABLE = False
@@ -70,9 +69,12 @@ class _Send:
 
 
 if AVAILABLE:
-    from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+    from opentelemetry.trace import Link, ProxyTracerProvider, SpanKind, Status, StatusCode
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
     _tracer = _trace.get_tracer(_SCOPE, _version())
+    _GLOBAL_TRACER = _tracer
+    _UNSET_TRACERS = (ProxyTracerProvider, _trace.NoOpTracerProvider)
     _meter = _metrics.get_meter(_SCOPE, _version())
     _duration = _meter.create_histogram(
         "messaging.client.operation.duration",
@@ -84,37 +86,62 @@ if AVAILABLE:
         unit="{message}",
         description="Messages the producer attempted to send",
     )
+    _W3C = TraceContextTextMapPropagator()
     _PRODUCER = SpanKind.PRODUCER
     _CONSUMER = SpanKind.CONSUMER
     _ERROR = StatusCode.ERROR
-    try:  # no meter provider configured yet: the proxy; skip the per-send bookkeeping
-        from opentelemetry.metrics._internal import _ProxyMeterProvider
-
-        _UNSET_METERS: tuple[type, ...] = (_ProxyMeterProvider, _metrics.NoOpMeterProvider)
-    except ImportError:  # pragma: no cover - a future API moved it: always meter
-        _UNSET_METERS = ()
+    # Whether a provider has been set globally, read per send: the API's own module
+    # globals (what its proxies consult) cost ~50 ns, its getters ~1 µs (an environ
+    # lookup each). An API without them: ask the getters.
+    from opentelemetry.metrics import _internal as _metrics_state
 
     def _metering() -> bool:
-        return not isinstance(_metrics.get_meter_provider(), _UNSET_METERS)
+        """A meter provider is configured (else the instruments are no-ops: skip them)."""
+        if hasattr(_metrics_state, "_METER_PROVIDER"):
+            return _metrics_state._METER_PROVIDER is not None
+        return not isinstance(_metrics.get_meter_provider(), _metrics.NoOpMeterProvider)
 
-    def _inject(span: Any, wires: Sequence[Any]) -> None:
-        """Put the span's W3C trace context into each message's properties."""
-        carrier: dict[str, str] = {}
-        _propagate.inject(carrier, context=_trace.set_span_in_context(span))
-        if not carrier:
-            return
+    def _tracing() -> bool:
+        """A tracer provider is configured (else spans would be no-ops: skip them)."""
+        if _tracer is not _GLOBAL_TRACER:
+            return True
+        if hasattr(_trace, "_TRACER_PROVIDER"):
+            return _trace._TRACER_PROVIDER is not None
+        return not isinstance(_trace.get_tracer_provider(), _UNSET_TRACERS)
+
+    def _inject(sc: Any, wires: Sequence[Any]) -> None:
+        """Put a span context into each message's properties as W3C ``traceparent``
+        (and ``tracestate`` when it has entries)."""
+        carrier = {"traceparent": f"00-{sc.trace_id:032x}-{sc.span_id:016x}-{sc.trace_flags:02x}"}
+        if sc.trace_state:
+            carrier["tracestate"] = sc.trace_state.to_header()
         for w in wires:
             props = w.properties
-            w.properties = {**props, **carrier} if props else dict(carrier)
+            w.properties = {**props, **carrier} if props else carrier
+
+    def _start(name: str, wires: Sequence[Any], attributes: dict[str, Any]) -> Any:
+        """A PRODUCER span in the caller's context, its trace context in ``wires``; or,
+        with no tracer provider configured, None (the caller's own context, if any, is
+        still passed on in the properties)."""
+        if not _tracing():
+            sc = _trace.get_current_span().get_span_context()
+            if sc.is_valid:
+                _inject(sc, wires)
+            return None
+        span = _tracer.start_span(name, kind=_PRODUCER, attributes=attributes)
+        sc = span.get_span_context()
+        if sc.is_valid:
+            _inject(sc, wires)
+        return span if span.is_recording() else None
 
     def start_send(wire: Any) -> _Send | None:
         """Start the PRODUCER span of one message (in the caller's context) and put its
         trace context into the message's properties."""
         topic = wire.topic
-        span = _tracer.start_span(
+        span = _start(
             "send " + topic,
-            kind=_PRODUCER,
-            attributes={
+            (wire,),
+            {
                 "messaging.system": SYSTEM,
                 "messaging.operation.type": "send",
                 "messaging.operation.name": "send",
@@ -122,11 +149,9 @@ if AVAILABLE:
                 "messaging.message.id": wire.msg_id,
             },
         )
-        if span.get_span_context().is_valid:
-            _inject(span, (wire,))
-        if span.is_recording():
+        if span is not None or _metering():
             return _Send(span, topic, 1)
-        return _Send(None, topic, 1) if _metering() else None
+        return None
 
     def start_batch(wires: Sequence[Any]) -> _Send | None:
         """Start the one PRODUCER span of a batch request; every message carries its
@@ -141,17 +166,12 @@ if AVAILABLE:
         }
         if topic:
             attributes["messaging.destination.name"] = topic
-        span = _tracer.start_span(
-            "send " + topic if topic else "send", kind=_PRODUCER, attributes=attributes
-        )
-        if span.get_span_context().is_valid:
-            _inject(span, wires)
-        if span.is_recording():
+        span = _start("send " + topic if topic else "send", wires, attributes)
+        if span is not None or _metering():
             return _Send(span, topic, len(wires))
-        return _Send(None, topic, len(wires)) if _metering() else None
+        return None
 
     def _server(attrs: dict[str, Any], broker: str, resolve: Resolve | None) -> None:
-        attrs["qclient.broker.name"] = broker
         addr = resolve(broker) if resolve is not None else None
         if not addr:
             attrs["server.address"] = broker
@@ -164,17 +184,9 @@ if AVAILABLE:
         else:
             attrs["server.address"] = hostport
 
-    def _error_type(exc: BaseException) -> str:
-        return type(exc).__qualname__
-
     def _finish(op: _Send, outcome: Any, resolve: Resolve | None, *, batch: bool) -> None:
         span = op.span
-        metric_attrs: dict[str, Any] = {
-            "messaging.system": SYSTEM,
-            "messaging.operation.name": "send",
-        }
-        if op.topic:
-            metric_attrs["messaging.destination.name"] = op.topic
+        attrs: dict[str, Any] = {}  # what the end adds to the span and the metrics
         failed: BaseException | None = None
         if isinstance(outcome, BaseException):
             failed = outcome
@@ -182,23 +194,27 @@ if AVAILABLE:
             failed = next((r for r in outcome if isinstance(r, BaseException)), None)
             brokers = {r.broker_name for r in outcome if not isinstance(r, BaseException)}
             if len(brokers) == 1:
-                _server(metric_attrs, brokers.pop(), resolve)
+                _server(attrs, brokers.pop(), resolve)
         else:
-            _server(metric_attrs, outcome.broker_name, resolve)
+            _server(attrs, outcome.broker_name, resolve)
         if failed is not None:
-            metric_attrs["error.type"] = _error_type(failed)
+            attrs["error.type"] = type(failed).__qualname__
         if span is not None:
-            span.set_attributes(metric_attrs)
             if not batch and failed is None:
-                span.set_attribute("messaging.destination.partition.id", str(outcome.queue_id))
+                attrs["messaging.destination.partition.id"] = str(outcome.queue_id)
+            span.set_attributes(attrs)
             if failed is not None:
                 span.record_exception(failed)
                 span.set_status(Status(_ERROR, " ".join(str(failed).split())[:300]))
             span.end()
         if _metering():
-            metric_attrs.pop("qclient.broker.name", None)
-            _duration.record((time.perf_counter_ns() - op.start_ns) / 1e9, metric_attrs)
-            _sent.add(op.count, metric_attrs)
+            attrs.pop("messaging.destination.partition.id", None)
+            attrs["messaging.system"] = SYSTEM
+            attrs["messaging.operation.name"] = "send"
+            if op.topic:
+                attrs["messaging.destination.name"] = op.topic
+            _duration.record((time.perf_counter_ns() - op.start_ns) / 1e9, attrs)
+            _sent.add(op.count, attrs)
 
     def end_send(op: _Send | None, outcome: Any, resolve: Resolve | None = None) -> None:
         """End one message's span with its ``SendResult`` or exception."""
@@ -220,7 +236,7 @@ if AVAILABLE:
         props = message.properties
         if not props or "traceparent" not in props:
             return None
-        return _propagate.extract(props)
+        return _W3C.extract(props)
 
     def receive(topic: str, group: str, messages: Sequence[Any], start_ns: int) -> None:
         """A CONSUMER span ``receive {topic}`` for one poll that returned messages,
