@@ -152,18 +152,22 @@ class QClientDataSource(DataSource):
     def name(cls) -> str:
         return "qclient"
 
-    def _prepare(self, schema: StructType) -> SinkOptions:
+    def _prepare(self, schema: StructType, *, stream: bool) -> SinkOptions:
         options = parse_options(self.options)
+        warn_key = None
+        if stream:
+            # made again for every micro-batch: warn about ignored columns once per stream
+            warn_key = f"stream:{options.cache_key()}:{options.topic}"
         _worker_logging(options.log_level)  # the ignored-columns warning
-        check_schema(schema, has_topic_option=options.topic is not None)
+        check_schema(schema, has_topic_option=options.topic is not None, warn_key=warn_key)
         return options
 
     def writer(self, schema: StructType, overwrite: bool) -> QClientBatchWriter:
         if overwrite:
             raise SinkSchemaError("the qclient sink only appends: use mode('append')")
-        return QClientBatchWriter(self._prepare(schema))
+        return QClientBatchWriter(self._prepare(schema, stream=False))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> QClientStreamWriter:
         if overwrite:
             raise SinkSchemaError("the qclient sink only appends: use outputMode('append')")
-        return QClientStreamWriter(self._prepare(schema))
+        return QClientStreamWriter(self._prepare(schema, stream=True))

@@ -4,6 +4,7 @@ only, so the foreachBatch helper works on Spark 3.x, which has no Python data so
 from __future__ import annotations
 
 import logging
+import uuid
 
 from pyspark.sql.types import (
     BinaryType,
@@ -49,14 +50,34 @@ def _type_ok(name: str, dt: DataType) -> bool:
     return isinstance(dt, StringType)
 
 
-def check_schema(schema: StructType, *, has_topic_option: bool) -> list[str]:
+#: What this process has warned about already: a stream's writer is made anew for every
+#: micro-batch, and one warning per query is enough.
+_warned: set[tuple[tuple[str, ...], str]] = set()
+_WARNED_MAX = 1024
+
+
+def _first_warning(ignored: tuple[str, ...], key: str) -> bool:
+    if (ignored, key) in _warned:
+        return False
+    if len(_warned) >= _WARNED_MAX:
+        _warned.clear()
+    _warned.add((ignored, key))
+    return True
+
+
+def check_schema(
+    schema: StructType, *, has_topic_option: bool, warn_key: str | None = None
+) -> list[str]:
     """Check the DataFrame's columns; return the ones the sink ignores.
 
     Raises ``SinkSchemaError`` for a missing ``value``, a wrong-typed sink column, or a
     column whose name looks like a misspelt sink column (a silently ignored ``delay``
     would deliver every row at once). Other columns are ignored, as Spark's Kafka sink
-    ignores the columns it does not use, and one warning names them.
+    ignores the columns it does not use, and one warning names them (once per
+    ``warn_key`` in this process, e.g. per streaming query; ``None``: every time).
     """
+    if warn_key is None:
+        warn_key = uuid.uuid4().hex
     names = [f.name for f in schema.fields]
     ignored: list[str] = []
     for f in schema.fields:
@@ -80,7 +101,7 @@ def check_schema(schema: StructType, *, has_topic_option: bool) -> list[str]:
         )
     if not has_topic_option and "topic" not in names:
         raise SinkSchemaError("set the 'topic' option or give the DataFrame a 'topic' column")
-    if ignored:
+    if ignored and _first_warning(tuple(ignored), warn_key):
         log.warning(
             "qclient sink: ignoring column%s %s (not sink columns: %s)",
             "s" if len(ignored) > 1 else "",
