@@ -64,6 +64,9 @@ class Traffic:
         self.ledger = ledger
         self.args = args
         self.stop = threading.Event()
+        #: producers stay open until then: they cancel copies on brokers that come back
+        self.release = threading.Event()
+        self.ambiguous: Counter[str] = Counter()
         self._ids = itertools.count()
         self._threads: list[threading.Thread] = []
 
@@ -93,8 +96,17 @@ class Traffic:
 
     def join(self) -> None:
         self.stop.set()
+        self.release.set()
         for t in self._threads:
             t.join(60)
+
+    def _linger(self, p: Producer | AsyncProducer) -> None:
+        """Before closing: wait for ``release``, then for pending copies to settle."""
+        self.release.wait(120)
+        deadline = time.monotonic() + 15
+        while p._ambiguous.pending() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        self.ambiguous.update(p._ambiguous.counts)
 
     def _paced(self, rate: float) -> Any:
         """Yields until ``stop``, ``rate`` times a second (catching up at most 1 s)."""
@@ -120,6 +132,7 @@ class Traffic:
                     ledger.fail("sync", start, exc)
                 else:
                     ledger.ok("sync", start, [r])
+            self._linger(p)
 
     def _send_async(self, rng: random.Random) -> None:
         ledger, clock = self.ledger, self.ledger.clock
@@ -145,6 +158,7 @@ class Traffic:
                 p.flush(timeout=SEND_TIMEOUT * 4)
             except Exception as exc:
                 ledger.fail("send_async", clock(), exc)
+            self._linger(p)
 
     def _async_producer(self, rng: random.Random) -> None:
         ledger, clock = self.ledger, self.ledger.clock
@@ -170,6 +184,7 @@ class Traffic:
                     await asyncio.sleep(interval)
                 if tasks:
                     await asyncio.wait(tasks, timeout=SEND_TIMEOUT * 4)
+                await asyncio.to_thread(self._linger, ap)
 
         asyncio.run(run())
 
@@ -188,6 +203,7 @@ class Traffic:
                     ledger.fail("batch", start, exc, len(msgs))
                 else:
                     ledger.ok("batch", start, results)
+            self._linger(p)
 
 
 def audit(namesrv: str, ledger: Ledger, deadline: float) -> list[Any]:
@@ -248,6 +264,8 @@ def analyse(
     errors_by_fault: dict[str, int] = Counter()
     for t, _kind, _err in ledger.errors:
         on = faults_at(bands, t, end, before=SEND_TIMEOUT + 0.5)
+        if "all_down" in on:
+            on = {"all_down"}  # every broker down: every send fails, whatever else is on
         for k in on or {"none"}:
             errors_by_fault[k] += 1
     phases: dict[str, list[float]] = defaultdict(list)
@@ -350,15 +368,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             nemesis.start()
             while clock() < args.duration:
                 time.sleep(0.2)
-            traffic.join()
+            traffic.stop.set()
             nemesis.halt()
             nemesis.join(120)
+            traffic.join()  # after the faults healed: producers cancel what they noted
             end = clock()
             last_due = max((d for d, _, _ in ledger.acked.values()), default=0)
             wait_s = max(0.0, last_due / 1000 - time.time()) + args.grace
             copies = audit(cluster.namesrv, ledger, time.monotonic() + wait_s)
         finally:
             traffic.stop.set()
+            traffic.release.set()
             nemesis.halt()
             nemesis.heal()
             members.close()
@@ -366,6 +386,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     first = out.pop("_first_receipts")
     out["timeline_data"] = timeline(ledger, first, nemesis.bands)
     out["events"] = [[round(t, 2), e] for t, e in nemesis.events]
+    out["ambiguous_copies"] = dict(traffic.ambiguous)
     out["nemesis_failures"] = nemesis.failures
     out["member_errors"] = members.errors
     return out

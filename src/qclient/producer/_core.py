@@ -49,6 +49,7 @@ from ..transport.errors import (
     parse_error_response,
     response_outcome,
 )
+from ._ambiguous import is_ambiguous
 from ._plan import (
     PER_MESSAGE_OVERHEAD,
     CallResult,
@@ -123,6 +124,8 @@ class ProducerCore:
             sleep=_no_sleep,
         )
         self.on_route_failure: Callable[[str], None] | None = None
+        #: told of a message acknowledged after ambiguous attempts on other brokers
+        self.on_ambiguous: Callable[[SendResult, tuple[str, ...]], None] | None = None
         #: Message -> WireMessage with this config's limits (validation included)
         self.builder = WireBuilder(cfg)
 
@@ -387,6 +390,9 @@ class ProducerCore:
                     err,
                 )
                 self.record(broker, res.latency_ms, outcome)
+                if is_ambiguous(res.exc):
+                    for it in items:
+                        it.ambiguous += (broker,)
                 self._fail(items, err, broker, outcome is not Outcome.FINAL, results, retry)
                 continue
             resp = res.response
@@ -424,9 +430,11 @@ class ProducerCore:
             ok = SendStatus.SEND_OK
             for it, r in zip(items, answer.results, strict=True):
                 if r.status == SEND_OK:
-                    results[it.index] = SendResult(
+                    results[it.index] = sr = SendResult(
                         r.msg_id, ok, broker, r.queue_id, r.deliver_at_ms, it.wire.topic
                     )
+                    if it.ambiguous and self.on_ambiguous is not None:
+                        self.on_ambiguous(sr, it.ambiguous)
                     continue
                 err = error_for_code(r.status, r.error or "", broker=broker, topic=it.wire.topic)
                 if r.status in RETRYABLE_CODES:

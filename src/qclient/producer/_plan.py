@@ -34,6 +34,8 @@ class Item:
     trace: Any = None
     #: the delay of the first attempt (ms), once a retry has shortened ``wire.delay_ms``
     first_delay_ms: int | None = None
+    #: brokers whose attempt may have stored it anyway (see _ambiguous)
+    ambiguous: tuple[str, ...] = ()
 
     @property
     def size(self) -> int:

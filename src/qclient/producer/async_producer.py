@@ -41,6 +41,7 @@ from ..routing.nameserver import AsyncNameServerClient
 from ..routing.publish_info import TopicPublishInfo, master_addrs
 from ..transport.http import AsyncHttp
 from . import lifecycle
+from ._ambiguous import AmbiguousCopies
 from ._background import Background
 from ._base import ProducerBase, batch_outcome
 from ._drivers import AsyncSlots, run_async
@@ -175,6 +176,21 @@ class AsyncProducer(ProducerBase):
         self._route_locks: dict[str, asyncio.Lock] = {}
         self._coalescer = _Coalescer(self, cfg.max_in_flight_per_broker)
         self._slots = AsyncSlots(cfg.max_in_flight_per_broker)
+        # copies ambiguous attempts may have left: cancelled from a thread, on this loop
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._ambiguous = AmbiguousCopies(self._cancel_copy)
+        self._core.on_ambiguous = self._note_ambiguous
+
+    def _note_ambiguous(self, result: SendResult, brokers: tuple[str, ...]) -> None:
+        self._loop = asyncio.get_running_loop()  # called by a send, on the producer's loop
+        self._ambiguous.note(result, brokers)
+
+    def _cancel_copy(self, result: SendResult) -> bool:
+        loop = self._loop
+        if loop is None or self._closed:
+            raise ProducerClosedError("producer is closed")
+        fut = asyncio.run_coroutine_threadsafe(self._cancel_on(result), loop)
+        return fut.result(self._cfg.send_timeout + 1)
 
     def _forked(self) -> None:
         # an event loop and its connections do not survive a fork: say how to do it right
@@ -336,6 +352,7 @@ class AsyncProducer(ProducerBase):
         if self._coalescer.tasks:  # sends in flight finish (each within send_timeout)
             await asyncio.wait(list(self._coalescer.tasks), timeout=timeout)
         await asyncio.to_thread(self._bg.close)
+        await asyncio.to_thread(self._ambiguous.close)
         await self._http.aclose()
         await self._ns.aclose()
 

@@ -33,6 +33,7 @@ from ..fault.index import ThreadLocalIndex
 from ..routing.publish_info import TopicPublishInfo, master_addrs
 from ..transport.http import SyncHttp
 from . import lifecycle
+from ._ambiguous import AmbiguousCopies
 from ._background import Background
 from ._base import ProducerBase, batch_outcome
 from ._drivers import SyncSlots, run_sync
@@ -105,6 +106,16 @@ class Producer(ProducerBase):
         self._slots = SyncSlots(cfg.max_in_flight_per_broker)
         #: concurrent single sends share requests (a lone one leaves at once, in its thread)
         self._coalescer = SyncCoalescer(self._core, self._run_plan, cfg.max_in_flight_per_broker)
+        self._watch_ambiguous()
+
+    def _watch_ambiguous(self) -> None:
+        """Cancel the copies that ambiguous attempts may have left (see _ambiguous)."""
+        self._ambiguous = AmbiguousCopies(self._cancel_copy)
+        self._core.on_ambiguous = self._ambiguous.note
+
+    def _cancel_copy(self, result: SendResult) -> bool:
+        self._check_open()
+        return self._cancel_on(result)
 
     # --- fork safety ----------------------------------------------------------------
 
@@ -116,6 +127,7 @@ class Producer(ProducerBase):
         self._sender = None  # so did the send_async thread and what it had buffered
         self._slots = SyncSlots(cfg.max_in_flight_per_broker)
         self._coalescer = SyncCoalescer(self._core, self._run_plan, cfg.max_in_flight_per_broker)
+        self._watch_ambiguous()  # its thread stayed in the parent
 
     def _forked(self) -> None:
         with self._lock:
@@ -337,6 +349,7 @@ class Producer(ProducerBase):
         if sender is not None:
             sender.stop(timeout)
         self._bg.close()
+        self._ambiguous.close()
         if self._pool is not None:
             self._pool.shutdown(wait=True)
         self._http.close()
