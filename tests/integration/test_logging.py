@@ -9,6 +9,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from .helpers import wait_until
 
 
@@ -74,12 +76,11 @@ def test_server_logs_json_lines(tmp_path: Path):
     assert any("serving on" in json.loads(ln)["message"] for ln in lines)
 
 
-def test_bad_log_format_is_a_usage_error():
-    proc = subprocess.run(
-        [sys.executable, "-m", "qclient", "namesrv", "--log-format", "xml"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert proc.returncode == 2
-    assert "--log-format" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+def test_bad_log_format_is_a_usage_error(capsys):
+    from qclient.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["namesrv", "--log-format", "xml"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "--log-format" in err and len(err.strip().splitlines()) == 1
