@@ -60,6 +60,7 @@ SCENARIOS: list[Scenario] = [
     Scenario("store_bench", "benchmarks.store_bench", 1200),
     # --max-seconds 240 bounds its own sizes; the margin is start-up and the last restart
     Scenario("recovery_bench", "benchmarks.recovery_bench", 360),
+    Scenario("lifecycle_bench", "benchmarks.lifecycle_bench", 600),
     Scenario("chaos_bench", "benchmarks.chaos_bench", 1500, smoke_timeout_s=120),
     Scenario("spark_bench", "benchmarks.spark_bench", 600, smoke_timeout_s=180),
     Scenario("http_stack_bench", "benchmarks.http_stack_bench", 300),

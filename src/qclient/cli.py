@@ -120,7 +120,7 @@ _STORE_INT_KEYS = {
 def _store_options(pairs: list[tuple[str, str]]) -> dict[str, int | bool]:
     out: dict[str, int | bool] = {}
     for key, value in pairs:
-        if key == "fsync":
+        if key in ("fsync", "id_index"):
             out[key] = value.lower() in ("1", "true", "yes", "on")
         elif key in _STORE_INT_KEYS:
             try:
@@ -130,7 +130,7 @@ def _store_options(pairs: list[tuple[str, str]]) -> dict[str, int | bool]:
         else:
             raise CliError(
                 f"unknown --store-option {key!r} "
-                f"(known: fsync, {', '.join(sorted(_STORE_INT_KEYS))})"
+                f"(known: fsync, id_index, {', '.join(sorted(_STORE_INT_KEYS))})"
             )
     return out
 
