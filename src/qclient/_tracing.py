@@ -11,8 +11,9 @@ imported.
 The hooks: ``start_send`` / ``end_send`` / ``end_many`` for one message each,
 ``start_batch`` / ``end_batch`` for one ``send_batch`` request, ``receive`` for a poll and
 ``process_span`` (public as ``qclient.tracing.process_span``) for handling one message.
-A hook returns ``None`` when there is nothing to record (no SDK configured), so the cost
-of tracing that nobody collects is one ``start_span`` call per message.
+A hook returns ``None`` when there is nothing to record (no SDK configured): tracing
+that nobody collects costs a provider check and a look at the caller's current span
+(whose context, if it has one, is still passed on) per message.
 """
 
 from __future__ import annotations
@@ -241,7 +242,7 @@ if AVAILABLE:
     def receive(topic: str, group: str, messages: Sequence[Any], start_ns: int) -> None:
         """A CONSUMER span ``receive {topic}`` for one poll that returned messages,
         linked to the producer span of each (up to the SDK's link limit)."""
-        if not messages:
+        if not messages or not _tracing():
             return
         links = []
         for m in messages[:_MAX_LINKS]:
