@@ -7,7 +7,9 @@ One run against a one-broker ``LocalCluster`` (100-byte bodies, delay 1 h) print
   p50/p99 and the broker's CPU per request; the same client sending 256-message batches: the
   broker's CPU per message;
 - a one-thread ``Producer.send_delayed`` loop: msgs/s, p50/p99, client CPU per call;
-- 64 threads sharing one ``Producer``; 256 asyncio tasks sharing one ``AsyncProducer``.
+- 64 threads sharing one ``Producer``; 256 asyncio tasks sharing one ``AsyncProducer``;
+- the design not taken, for comparison: the same loop and 64 threads with every call
+  going through the background sender (``send_async(...).result()``, linger 0).
 
 Every phase is bounded in count and in time.
 
@@ -32,7 +34,7 @@ from typing import Any
 
 import psutil
 
-from qclient import AsyncProducer, LocalCluster, Producer
+from qclient import AsyncProducer, LocalCluster, Message, Producer
 from qclient.protocol import wire
 
 BODY = b"x" * 100
@@ -129,16 +131,25 @@ def bare_client(addr: str, pid: int, per_request: int, n: int, seconds: float) -
     }
 
 
-def one_thread(p: Producer, n: int, seconds: float) -> dict[str, float]:
+def _inline(p: Producer) -> None:
+    p.send_delayed(TOPIC, BODY, delay=DELAY_S)
+
+
+def _via_sender(p: Producer) -> None:
+    # the other design: every call through the background sender, the caller waits
+    p.send_async(Message(TOPIC, BODY, delay=DELAY_S)).result()
+
+
+def one_thread(p: Producer, n: int, seconds: float, send: Any = _inline) -> dict[str, float]:
     """A ``send_delayed`` loop in one thread: rate, latency, client CPU per call."""
     for _ in range(50):  # warm-up (route, connections)
-        p.send_delayed(TOPIC, BODY, delay=DELAY_S)
+        send(p)
     lat: list[float] = []
     cpu0, t0 = time.process_time(), time.perf_counter()
     deadline = time.monotonic() + seconds
     for _ in range(n):
         t = time.perf_counter()
-        p.send_delayed(TOPIC, BODY, delay=DELAY_S)
+        send(p)
         lat.append((time.perf_counter() - t) * 1000)
         if time.monotonic() > deadline:
             break
@@ -152,7 +163,9 @@ def one_thread(p: Producer, n: int, seconds: float) -> dict[str, float]:
     }
 
 
-def many_threads(p: Producer, threads: int, n: int, seconds: float) -> dict[str, float]:
+def many_threads(
+    p: Producer, threads: int, n: int, seconds: float, send: Any = _inline
+) -> dict[str, float]:
     """``threads`` threads calling ``send_delayed`` on one shared ``Producer``."""
     per = max(1, n // threads)
     lat: list[list[float]] = [[] for _ in range(threads)]
@@ -166,7 +179,7 @@ def many_threads(p: Producer, threads: int, n: int, seconds: float) -> dict[str,
         try:
             for _ in range(per):
                 t = time.perf_counter()
-                p.send_delayed(TOPIC, BODY, delay=DELAY_S)
+                send(p)
                 mine.append((time.perf_counter() - t) * 1000)
                 if time.monotonic() > deadline:
                     return
@@ -249,6 +262,9 @@ def main() -> None:
             with Producer(cluster.namesrv) as p:
                 out["loop"] = one_thread(p, n // 4, secs)
                 out["threads64"] = many_threads(p, 64, n, secs)
+            with Producer(cluster.namesrv, linger_ms=0) as p:
+                out["via_sender_loop"] = one_thread(p, n // 4, secs, _via_sender)
+                out["via_sender_threads64"] = many_threads(p, 64, n, secs, _via_sender)
             out["asyncio256"] = many_tasks(cluster.namesrv, 256, n, secs)
     loop_rate = out["loop"]["msgs_per_s"]
     floor = out["fsync"]["floor_msgs_per_s"]
@@ -282,7 +298,8 @@ def main() -> None:
         target("bare 1-msg round trip p50 ms", out["bare_one"]["p50_ms"], "<=", 0.5),
     ]
     if not args.json:
-        for key in ("fsync", "bare_one", "bare_batch256", "loop", "threads64", "asyncio256"):
+        keys = ("fsync", "bare_one", "bare_batch256", "loop", "threads64", "asyncio256")
+        for key in (*keys, "via_sender_loop", "via_sender_threads64"):
             print(f"{key:14s} {out[key]}")
         for t in out["targets"]:
             print(f"{'met ' if t['met'] else 'MISS'} {t['name']}: {t['value']} ({t['target']})")
