@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from ..transport.http import AioHttp, AsyncHttp, SyncHttp
+from ..transport.http import AsyncHttp, AsyncLeanHttp, SyncHttp
 from ._plan import CallResult, HttpCall, Plan, Sleep
 
 __all__ = ["AsyncSlots", "SyncSlots", "call_async", "call_sync", "run_async", "run_sync"]
@@ -98,7 +98,7 @@ def run_sync(
         plan.close()
 
 
-async def _call_async(http: AsyncHttp | AioHttp, call: HttpCall) -> CallResult:
+async def _call_async(http: AsyncHttp | AsyncLeanHttp, call: HttpCall) -> CallResult:
     start = time.perf_counter()
     try:
         # a hard cap on the whole exchange, not only per phase as httpx's timeout is
@@ -113,7 +113,7 @@ async def _call_async(http: AsyncHttp | AioHttp, call: HttpCall) -> CallResult:
 
 
 async def call_async(
-    http: AsyncHttp | AioHttp, call: HttpCall, slots: AsyncSlots | None = None
+    http: AsyncHttp | AsyncLeanHttp, call: HttpCall, slots: AsyncSlots | None = None
 ) -> CallResult:
     if slots is None:
         return await _call_async(http, call)
@@ -125,7 +125,9 @@ async def call_async(
     return res
 
 
-async def run_async(plan: Plan, http: AsyncHttp | AioHttp, slots: AsyncSlots | None = None) -> Any:
+async def run_async(
+    plan: Plan, http: AsyncHttp | AsyncLeanHttp, slots: AsyncSlots | None = None
+) -> Any:
     """Run a plan on the running event loop; a round's calls run concurrently."""
     answer: Any = None
     try:

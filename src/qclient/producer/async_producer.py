@@ -1,4 +1,4 @@
-"""``AsyncProducer``: the asyncio SDK entry point, on ``httpx.AsyncClient``.
+"""``AsyncProducer``: the asyncio SDK entry point, on the lean asyncio transport.
 
 Routing, fault tolerance and retries are the same ``ProducerCore`` plans that
 ``Producer`` runs; only the driver differs. The round-robin counter is per asyncio
@@ -39,7 +39,7 @@ from ..errors import (
 from ..fault.index import ContextIndex
 from ..routing.nameserver import AsyncNameServerClient
 from ..routing.publish_info import TopicPublishInfo, master_addrs
-from ..transport.http import AsyncHttp
+from ..transport.http import AsyncHttp, AsyncLeanHttp
 from . import lifecycle
 from ._ambiguous import AmbiguousCopies
 from ._background import Background
@@ -165,7 +165,8 @@ class AsyncProducer(ProducerBase):
             ),
         )
         cfg = self._cfg
-        self._http = AsyncHttp(
+        http_class = AsyncLeanHttp if cfg.http_transport == "lean" else AsyncHttp
+        self._http: AsyncHttp | AsyncLeanHttp = http_class(
             content_type=self._core.content_type, credentials=self._credentials, verify=cfg.verify
         )
         self._ns = AsyncNameServerClient(

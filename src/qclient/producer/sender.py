@@ -16,7 +16,7 @@ from .. import _tracing
 from .._config import ProducerConfig
 from .._models import SendResult
 from ..errors import ProducerClosedError
-from ..transport.http import AioHttp, Credentials
+from ..transport.http import AsyncLeanHttp, Credentials
 from ._core import ProducerCore
 from ._drivers import AsyncSlots, run_async
 from ._future import settle_many
@@ -92,7 +92,7 @@ class Sender:
     async def _main(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._event = asyncio.Event()
-        http = AioHttp(
+        http = AsyncLeanHttp(
             content_type=self.core.content_type,
             credentials=self._credentials,
             verify=self.cfg.verify,

@@ -31,7 +31,7 @@ from urllib.parse import urlsplit
 import httptools
 import httpx
 
-__all__ = ["LeanResponse", "LeanTransport"]
+__all__ = ["LeanResponse", "LeanTransport", "parse_origin"]
 
 #: an idle connection older than this is not reused (the servers keep idle ones ~75 s)
 KEEPALIVE_EXPIRY = 30.0
@@ -52,6 +52,15 @@ class _Origin(NamedTuple):
     tls: bool
     host: str
     port: int
+
+
+def parse_origin(addr: str) -> _Origin:
+    """``host:port`` or ``http(s)://host:port`` -> where to connect, and whether with TLS."""
+    url = urlsplit(addr if "://" in addr else f"http://{addr}")
+    if url.scheme not in ("http", "https") or not url.hostname:
+        raise httpx.UnsupportedProtocol(f"unsupported address {addr!r}")
+    tls = url.scheme == "https"
+    return _Origin(tls, url.hostname, url.port or (443 if tls else 80))
 
 
 class _Reader:
@@ -136,11 +145,7 @@ class LeanTransport(httpx.BaseTransport):
     def _origin(self, addr: str) -> _Origin:
         origin = self._origins.get(addr)
         if origin is None:
-            url = urlsplit(addr if "://" in addr else f"http://{addr}")
-            if url.scheme not in ("http", "https") or not url.hostname:
-                raise httpx.UnsupportedProtocol(f"unsupported address {addr!r}")
-            tls = url.scheme == "https"
-            origin = _Origin(tls, url.hostname, url.port or (443 if tls else 80))
+            origin = parse_origin(addr)
             if len(self._origins) < 4096:
                 self._origins[addr] = origin
         return origin
