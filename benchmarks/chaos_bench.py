@@ -247,18 +247,38 @@ def analyse(
     lost = [mid for mid in acked if mid not in by_id]
     dup_ids = {mid: len(s) - 1 for mid, s in by_id.items() if len(s) > 1}
     dups = sum(dup_ids.values())
-    # a duplicate whose message was due well after the faults around its send had ended:
-    # a producer that cancels ambiguous copies once the broker answers again prevents it
+    # a duplicate whose delay outlasted the fault: the broker holding the extra copy was
+    # back (and stayed up) for >= 2 s before the copy was due -- time enough to cancel it.
+    # Re-sent ids are counted apart: a caller re-sending an id while its broker is down
+    # is not an ambiguous attempt.
     long_dups = 0
-    wall_ms = ledger.clock.wall_ms
+    wall0 = ledger.clock.wall_ms(0)
     for mid, n in dup_ids.items():
-        if mid in acked:
-            deliver_ms, _, t_ack = acked[mid]
-            ends = [b.t1 if b.t1 >= 0 else end for b in bands if b.t0 <= t_ack]
-            ends = [e for e in ends if e >= t_ack - SEND_TIMEOUT - 1]
-            if ends and deliver_ms > wall_ms(max(ends)) + 2000:
+        if mid not in acked or mid in ledger.resent:
+            continue
+        deliver_ms, acked_by, _t = acked[mid]
+        due = (deliver_ms - wall0) / 1000
+        for broker in {b for b, _, _ in by_id[mid]} - {acked_by}:
+            ends = [b.t1 if b.t1 >= 0 else end for b in bands if b.target == broker and b.t0 <= due]
+            if ends and due - max(ends) >= 2.0:
                 long_dups += n
+                break
     resent_dups = sum(n for mid, n in dup_ids.items() if mid in ledger.resent)
+    samples = []
+    for mid in dup_ids:
+        if mid in ledger.resent or mid not in acked or len(samples) >= 15:
+            continue
+        deliver_ms, broker, t_ack = acked[mid]
+        samples.append(
+            {
+                "id": mid,
+                "acked_by": broker,
+                "copies": sorted(b for b, _, _ in by_id[mid]),
+                "acked_at_s": round(t_ack, 2),
+                "due_at_s": round((deliver_ms - ledger.clock.wall_ms(0)) / 1000, 2),
+                "faults_at_ack": sorted(faults_at(bands, t_ack, end, before=SEND_TIMEOUT)),
+            }
+        )
 
     kinds = Counter(b.kind for b in bands)
     errors_by_fault: dict[str, int] = Counter()
@@ -312,6 +332,7 @@ def analyse(
         "duplicates_pct": round(100 * dups / n_acked, 3) if n_acked else 0.0,
         "duplicates_of_resent_ids": resent_dups,
         "duplicates_due_after_fault": long_dups,
+        "duplicate_samples": samples,
         "resent_ids": len(ledger.resent),
         "errors_to_callers": len(ledger.errors),
         "errors_by_fault": dict(errors_by_fault),
