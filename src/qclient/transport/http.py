@@ -134,7 +134,7 @@ class SyncHttp(_Base):
         self._client: httpx.Client | None = client
         self._items = tuple(self._req_headers.items())
         if lean and client is None:
-            self._lean = LeanTransport(ssl_context=_lean_ssl(verify))
+            self._lean = LeanTransport(ssl_context=functools.partial(_lean_ssl, verify))
         elif client is None:
             # trust_env=False: loopback and cluster traffic must not go through an env proxy
             self._client = httpx.Client(
@@ -227,7 +227,7 @@ class AsyncLeanHttp(_Base):
         verify: bool | str = True,
     ) -> None:
         super().__init__(content_type=content_type, credentials=credentials, verify=verify)
-        self._lean = LeanAsyncTransport(ssl_context=_lean_ssl(verify))
+        self._lean = LeanAsyncTransport(ssl_context=functools.partial(_lean_ssl, verify))
         self._items = tuple(self._req_headers.items())
 
     async def request(

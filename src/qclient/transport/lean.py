@@ -24,7 +24,7 @@ import ssl
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import NamedTuple
 from urllib.parse import urlsplit
 
@@ -127,10 +127,12 @@ class LeanTransport(httpx.BaseTransport):
     def __init__(
         self,
         *,
-        ssl_context: ssl.SSLContext | None = None,
+        ssl_context: ssl.SSLContext | Callable[[], ssl.SSLContext] | None = None,
         keepalive_expiry: float = KEEPALIVE_EXPIRY,
         max_idle_per_origin: int = MAX_IDLE_PER_ORIGIN,
     ) -> None:
+        #: a context, or a function making it on the first TLS connection (loading a CA
+        #: bundle takes tens of ms: plain-http users should not pay it)
         self._ssl_context = ssl_context
         self._expiry = keepalive_expiry
         self._max_idle = max_idle_per_origin
@@ -174,6 +176,14 @@ class LeanTransport(httpx.BaseTransport):
                     return
         conn.close()
 
+    def _tls_context(self) -> ssl.SSLContext:
+        ctx = self._ssl_context
+        if ctx is None:
+            ctx = self._ssl_context = ssl.create_default_context()
+        elif not isinstance(ctx, ssl.SSLContext):
+            ctx = self._ssl_context = ctx()
+        return ctx
+
     def _connect(self, origin: _Origin, deadline: float) -> _Connection:
         timeout = _timeout_left(deadline, httpx.ConnectTimeout, "connect")
         try:
@@ -187,7 +197,7 @@ class LeanTransport(httpx.BaseTransport):
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if origin.tls:
-                ctx = self._ssl_context or ssl.create_default_context()
+                ctx = self._tls_context()
                 sock.settimeout(_timeout_left(deadline, httpx.ConnectTimeout, "TLS handshake"))
                 sock = ctx.wrap_socket(sock, server_hostname=origin.host)
         except TimeoutError as exc:

@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import ssl
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import httptools
 import httpx
@@ -104,10 +104,12 @@ class LeanAsyncTransport:
     def __init__(
         self,
         *,
-        ssl_context: ssl.SSLContext | None = None,
+        ssl_context: ssl.SSLContext | Callable[[], ssl.SSLContext] | None = None,
         keepalive_expiry: float = KEEPALIVE_EXPIRY,
         max_idle_per_origin: int = MAX_IDLE_PER_ORIGIN,
     ) -> None:
+        #: a context, or a function making it on the first TLS connection (loading a CA
+        #: bundle takes tens of ms: plain-http users should not pay it)
         self._ssl_context = ssl_context
         self._expiry = keepalive_expiry
         self._max_idle = max_idle_per_origin
@@ -115,9 +117,17 @@ class LeanAsyncTransport:
         self._origins: dict[str, _Origin] = {}
         self._closed = False
 
+    def _tls_context(self) -> ssl.SSLContext:
+        ctx = self._ssl_context
+        if ctx is None:
+            ctx = self._ssl_context = ssl.create_default_context()
+        elif not isinstance(ctx, ssl.SSLContext):
+            ctx = self._ssl_context = ctx()
+        return ctx
+
     async def _connect(self, origin: _Origin, timeout: float) -> _Connection:
         loop = asyncio.get_running_loop()
-        ctx = (self._ssl_context or ssl.create_default_context()) if origin.tls else None
+        ctx = (self._tls_context()) if origin.tls else None
         where = f"{origin.host}:{origin.port}"
         try:
             _, conn = await asyncio.wait_for(
