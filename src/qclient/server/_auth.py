@@ -24,17 +24,16 @@ import json
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aiohttp import web
 from cachetools import TTLCache
 
 from ..protocol import auth, wire
 from ..protocol.wire import ErrorCode
-from ._http import ApiError
+from ._http import ApiError, Handler, Middleware, Request, Response
 
 __all__ = [
     "Account",
@@ -45,8 +44,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 #: paths served without a signature (the producers' detector probes them)
 OPEN_PATHS = frozenset({wire.HEALTH, wire.METRICS})
@@ -217,7 +214,7 @@ class Authorizer:
 
     # --- checks ---------------------------------------------------------------------
 
-    def _refuse(self, request: web.Request, status: int, reason: str, message: str) -> ApiError:
+    def _refuse(self, request: Request, status: int, reason: str, message: str) -> ApiError:
         self.refused[reason] = self.refused.get(reason, 0) + 1
         now = time.monotonic()
         if now - self._logged_at.get(reason, -_LOG_EVERY_S) >= _LOG_EVERY_S:
@@ -243,7 +240,7 @@ class Authorizer:
         return self.broker or next(iter(self.accounts.values()))
 
     async def verify(
-        self, request: web.Request, accounts: Mapping[str, Account] | None = None
+        self, request: Request, accounts: Mapping[str, Account] | None = None
     ) -> Account:
         """The account (of ``accounts``, default: the file's accounts) that signed
         ``request``; raises a 401 :class:`ApiError` otherwise."""
@@ -325,7 +322,7 @@ class Authorizer:
         self._nonces[key] = True
         return account
 
-    def check_topics(self, request: web.Request, topics: Iterable[str]) -> None:
+    def check_topics(self, request: Request, topics: Iterable[str]) -> None:
         """Raise 403 unless the request's account may use every one of ``topics``."""
         account: Account | None = request.get("qc_account")
         if account is None:  # the middleware did not run: refuse rather than allow
@@ -356,16 +353,15 @@ def auth_middleware(
     *,
     paths: Iterable[str] | None = None,
     accounts: Mapping[str, Account] | None = None,
-) -> Any:
-    """aiohttp middleware: every request except ``/health`` and ``/metrics`` must be signed.
+) -> Middleware:
+    """A middleware: every request except ``/health`` and ``/metrics`` must be signed.
 
     ``paths`` limits the check to those paths (the name server's write endpoints);
     ``accounts`` replaces who may sign (the name server: :meth:`Authorizer.signers`).
     """
     only = frozenset(paths) if paths is not None else None
 
-    @web.middleware
-    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    async def middleware(request: Request, handler: Handler) -> Response:
         path = request.path
         if path in OPEN_PATHS or (only is not None and path not in only):
             return await handler(request)

@@ -78,8 +78,6 @@ def request_metrics_middleware(registry: CollectorRegistry) -> Any:
     """A middleware observing ``qclient_http_request_duration_seconds{endpoint, method,
     status}``; errors raised by inner handlers count with their status (500 if none).
     A path the protocol does not define is counted as endpoint ``other``."""
-    from aiohttp import web
-
     durations = Histogram(
         "qclient_http_request_duration_seconds",
         "HTTP request duration by endpoint, method and status",
@@ -89,7 +87,6 @@ def request_metrics_middleware(registry: CollectorRegistry) -> Any:
     )
     endpoint = _Endpoints(_protocol_routes())
 
-    @web.middleware
     async def middleware(request: Any, handler: Any) -> Any:
         start = time.perf_counter()
         status = 500

@@ -13,12 +13,21 @@ from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
-from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from ...protocol import wire
 from ...protocol.wire import ErrorCode
-from .._http import ApiError, make_app, read_body, reply, serve, ssl_context
+from .._http import (
+    ApiError,
+    Application,
+    Request,
+    Response,
+    make_app,
+    read_body,
+    reply,
+    serve,
+    ssl_context,
+)
 from ..metrics import BrokerCollector, metrics_handler, request_metrics_middleware
 from ..store import (
     DelayStore,
@@ -145,13 +154,13 @@ class Broker:
                 self.heartbeat.kick()
         return cfg
 
-    def authorize(self, request: web.Request, topics: set[str]) -> None:
+    def authorize(self, request: Request, topics: set[str]) -> None:
         if self.authorizer is not None:
             self.authorizer.check_topics(request, topics)
 
     # --- handlers -------------------------------------------------------------------
 
-    async def send(self, request: web.Request) -> web.Response:
+    async def send(self, request: Request) -> Response:
         body = await read_body(request, wire.SendRequest)
         msgs = body.messages
         count = len(msgs)
@@ -256,7 +265,7 @@ class Broker:
             cfg is not None and bool(cfg.perm & wire.PERM_WRITE) and queue_id < cfg.write_queue_nums
         )
 
-    async def pull(self, request: web.Request) -> web.Response:
+    async def pull(self, request: Request) -> Response:
         body = await read_body(request, wire.PullRequest)
         if not wire.valid_topic(body.topic):
             raise ApiError(400, ErrorCode.INVALID_TOPIC, f"invalid topic name {body.topic!r}")
@@ -352,7 +361,7 @@ class Broker:
                     offsets[q] = f.offset + 1
         return out
 
-    async def create_topic(self, request: web.Request) -> web.Response:
+    async def create_topic(self, request: Request) -> Response:
         body = await read_body(request, wire.CreateTopicRequest)
         if not wire.valid_topic(body.topic):
             raise ApiError(
@@ -370,15 +379,15 @@ class Broker:
             await self.heartbeat.register_all()
         return reply(request, wire.TopicList({body.topic: cfg}))
 
-    async def list_topics(self, request: web.Request) -> web.Response:
+    async def list_topics(self, request: Request) -> Response:
         return reply(request, wire.TopicList(self.topics.all()))
 
-    async def health(self, request: web.Request) -> web.Response:
+    async def health(self, request: Request) -> Response:
         return reply(
             request, wire.Health(status="ok", name=self.config.name, role="broker", perm=self.perm)
         )
 
-    async def stats(self, request: web.Request) -> web.Response:
+    async def stats(self, request: Request) -> Response:
         data: dict[str, Any] = {"broker_name": self.config.name, **self.counters}
         data["store"] = self.store.stats()
         data["disk"] = {"free_bytes": self.disk.free_bytes(), "refusals": self.disk.refusals}
@@ -387,7 +396,7 @@ class Broker:
         return reply(request, data)
 
 
-def create_app(config: BrokerConfig) -> tuple[web.Application, Broker]:
+def create_app(config: BrokerConfig) -> tuple[Application, Broker]:
     broker = Broker(config)
     registry = CollectorRegistry()
     registry.register(BrokerCollector(broker))

@@ -10,7 +10,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from ..._config import (
@@ -21,7 +20,17 @@ from ..._config import (
 )
 from ...protocol import wire
 from ...protocol.wire import ErrorCode
-from .._http import ApiError, make_app, read_body, reply, serve, ssl_context
+from .._http import (
+    ApiError,
+    Application,
+    Request,
+    Response,
+    make_app,
+    read_body,
+    reply,
+    serve,
+    ssl_context,
+)
 from ..metrics import NameServerMetrics, metrics_handler, request_metrics_middleware
 from .route_table import RouteTable
 
@@ -79,7 +88,7 @@ class NameServerConfig:
     exit_with_parent: int | None = None
 
 
-def create_app(config: NameServerConfig) -> web.Application:
+def create_app(config: NameServerConfig) -> Application:
     table = RouteTable(config.broker_expire_ms)
     registry = CollectorRegistry()
     metrics = NameServerMetrics(registry, table)
@@ -97,10 +106,8 @@ def create_app(config: NameServerConfig) -> web.Application:
         )
     app = make_app(config.max_request_bytes, middlewares)
     app["table"] = table
-    routes = web.RouteTableDef()
 
-    @routes.post(wire.NAMESRV_REGISTER)
-    async def register(request: web.Request) -> web.Response:
+    async def register(request: Request) -> Response:
         reg = await read_body(request, wire.BrokerRegistration)
         if not reg.broker_name or not reg.addr:
             raise ApiError(400, ErrorCode.INVALID_REQUEST, "broker_name and addr are required")
@@ -110,18 +117,15 @@ def create_app(config: NameServerConfig) -> web.Application:
             request, wire.RegisterResult(config.heartbeat_interval_ms, config.broker_expire_ms)
         )
 
-    @routes.post(wire.NAMESRV_UNREGISTER)
-    async def unregister(request: web.Request) -> web.Response:
+    async def unregister(request: Request) -> Response:
         body = await read_body(request, wire.BrokerUnregistration)
         table.unregister(body.broker_name, body.addr)
         return reply(request, {"ok": True})
 
-    @routes.get(wire.NAMESRV_BROKERS)
-    async def brokers(request: web.Request) -> web.Response:
+    async def brokers(request: Request) -> Response:
         return reply(request, table.brokers())
 
-    @routes.get("/v1/routes/{topic}")
-    async def route(request: web.Request) -> web.Response:
+    async def route(request: Request) -> Response:
         topic = request.match_info["topic"]
         if not wire.valid_topic(topic):
             raise ApiError(
@@ -139,20 +143,23 @@ def create_app(config: NameServerConfig) -> web.Application:
             )
         return reply(request, found)
 
-    @routes.get(wire.HEALTH)
-    async def health(request: web.Request) -> web.Response:
+    async def health(request: Request) -> Response:
         return reply(request, wire.Health(status="ok", name="namesrv", role="namesrv"))
 
-    app.add_routes(routes)
+    app.router.add_post(wire.NAMESRV_REGISTER, register)
+    app.router.add_post(wire.NAMESRV_UNREGISTER, unregister)
+    app.router.add_get(wire.NAMESRV_BROKERS, brokers)
+    app.router.add_get("/v1/routes/{topic}", route)
+    app.router.add_get(wire.HEALTH, health)
     app.router.add_get(wire.METRICS, metrics_handler(registry))
 
-    async def expiry_loop(app: web.Application) -> None:
+    async def expiry_loop(app: Application) -> None:
         interval = max(0.05, min(config.broker_expire_ms / 4000, 10.0))
         while True:
             await asyncio.sleep(interval)
             table.expire()
 
-    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+    async def lifecycle(app: Application) -> AsyncIterator[None]:
         task = asyncio.create_task(expiry_loop(app))
         yield
         task.cancel()
