@@ -10,7 +10,8 @@ import httpx
 
 from qclient.protocol import auth
 from qclient.server._auth import Account, Authorizer, auth_middleware
-from qclient.server._http import Request, Response, make_app, start_server
+from qclient.server._http import Request, Response, make_app
+from qclient.server._serve import start_server
 
 NOW_S = 1_700_000_000.0
 ACCOUNT = Account("k", "SECRET-unit", ("orders", "bill_*"))

@@ -23,8 +23,8 @@ from qclient.server._http import (
     make_app,
     read_body,
     reply,
-    start_server,
 )
+from qclient.server._serve import start_server
 
 LIMIT = 64 * 1024
 

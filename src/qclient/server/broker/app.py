@@ -25,9 +25,9 @@ from .._http import (
     make_app,
     read_body,
     reply,
-    serve,
     ssl_context,
 )
+from .._serve import serve
 from ..metrics import BrokerCollector, metrics_handler, request_metrics_middleware
 from ..store import (
     DelayStore,

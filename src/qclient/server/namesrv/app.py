@@ -28,9 +28,9 @@ from .._http import (
     make_app,
     read_body,
     reply,
-    serve,
     ssl_context,
 )
+from .._serve import serve
 from ..metrics import NameServerMetrics, metrics_handler, request_metrics_middleware
 from .route_table import RouteTable
 
