@@ -354,9 +354,12 @@ class Consumer:
             self._owned.pop(broker, None)
 
     def _drop(self, broker: str, q: int) -> None:
-        """Forget a queue no longer held: its buffered (not returned) messages go back."""
+        """Forget a queue no longer held: its buffered (not returned) messages go back,
+        and so do offsets not committed yet -- committing them later could move the
+        group's offset backwards, or past copies a crashed broker fires again."""
         key = (broker, q)
-        self._pos.pop(key, None)
+        for d in (self._pos, self._delivered, self._ack, self._committed):
+            d.pop(key, None)
         self._owned.get(broker, set()).discard(q)
         if any(m.broker_name == broker and m.queue_id == q for m in self._buffer):
             self._buffer = deque(
