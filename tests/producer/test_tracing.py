@@ -25,14 +25,13 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode, format_trace_id
 from tests.integration.helpers import wait_until
 
-from qclient import AsyncProducer, LocalCluster, Message, Producer, _tracing, tracing
+from qclient import AsyncProducer, Message, Producer, _tracing, tracing
 from qclient.errors import QClientError, SendTimeoutError
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    with LocalCluster(brokers=1) as c:
-        yield c
+@pytest.fixture
+def cluster(shared_cluster):
+    return shared_cluster
 
 
 @pytest.fixture

@@ -9,14 +9,13 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from tests.integration.helpers import wait_until
 
-from qclient import Consumer, LocalCluster, Message, Producer
+from qclient import Consumer, Message, Producer
 from qclient.protocol import wire
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    with LocalCluster(brokers=1) as c:
-        yield c
+@pytest.fixture
+def cluster(shared_cluster):
+    return shared_cluster
 
 
 def scrape(addr: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

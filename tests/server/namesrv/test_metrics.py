@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from qclient import LocalCluster, Producer
+from qclient import Producer
 from qclient.protocol import wire
 
 
@@ -19,19 +19,20 @@ def _samples(addr: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     }
 
 
-def test_broker_count_and_route_lookups():
-    with LocalCluster(brokers=1) as c:
-        s = _samples(c.namesrv)
-        assert s[("qclient_namesrv_brokers", ())] == 1
-        found = s.get(("qclient_namesrv_route_lookups_total", (("result", "found"),)), 0.0)
-        with Producer(c.namesrv, start_detector_enable=False) as p:
-            p.send("ns-metrics", b"x")  # one route lookup
-        r = httpx.get(f"http://{c.namesrv}/v1/routes/bad%20topic", trust_env=False)
-        assert r.status_code == 400
-        s = _samples(c.namesrv)
-        assert s[("qclient_namesrv_route_lookups_total", (("result", "found"),))] == found + 1
-        key = (
-            "qclient_http_request_duration_seconds_count",
-            (("endpoint", wire.NAMESRV_ROUTE), ("method", "GET"), ("status", "400")),
-        )
-        assert s[key] == 1
+def test_broker_count_and_route_lookups(shared_cluster):
+    c = shared_cluster
+    s = _samples(c.namesrv)
+    assert s[("qclient_namesrv_brokers", ())] == 1
+    found = s.get(("qclient_namesrv_route_lookups_total", (("result", "found"),)), 0.0)
+    with Producer(c.namesrv, start_detector_enable=False) as p:
+        p.send("ns-metrics", b"x")  # one route lookup
+    key = (
+        "qclient_http_request_duration_seconds_count",
+        (("endpoint", wire.NAMESRV_ROUTE), ("method", "GET"), ("status", "400")),
+    )
+    bad = s.get(key, 0.0)
+    r = httpx.get(f"http://{c.namesrv}/v1/routes/bad%20topic", trust_env=False)
+    assert r.status_code == 400
+    s = _samples(c.namesrv)
+    assert s[("qclient_namesrv_route_lookups_total", (("result", "found"),))] == found + 1
+    assert s[key] == bad + 1
