@@ -16,6 +16,7 @@ from ._ids import msg_ids, new_msg_id
 from ._models import Message, MessageBatch
 from .errors import InvalidMessageError, MessageTooLargeError
 from .protocol import wire as proto
+from .protocol.limits import MAX_MSG_ID_CHARS, Rule, check_row
 from .protocol.wire import FLAG_COMPRESSED, TOPIC_RE, WireMessage
 
 __all__ = ["WireBuilder", "delay_to_ms", "deliver_at_to_ms", "message_to_wire", "to_wire"]
@@ -23,8 +24,31 @@ __all__ = ["WireBuilder", "delay_to_ms", "deliver_at_to_ms", "message_to_wire", 
 _match_topic = TOPIC_RE.match
 _match_msg_id = proto.MSG_ID_RE.match
 #: many msg_ids at once: joined with "\n" (not an id character), checked in one C call
-_IDS_JOINED = re.compile(r"(?:[\x21-\x7e]{1,128}\n)*")
+_IDS_JOINED = re.compile(rf"(?:[\x21-\x7e]{{1,{MAX_MSG_ID_CHARS}}}\n)*")
 _NONE = type(None)
+
+#: the SDK's wording of each rule of the row checker
+_ERRORS = {
+    Rule.TOPIC: "invalid topic {topic!r}: must match "
+    + proto.TOPIC_PATTERN.replace("{", "{{").replace("}", "}}"),
+    Rule.MSG_ID: (
+        f"msg_id must be 1-{MAX_MSG_ID_CHARS} printable ASCII characters without spaces: "
+        "{msg_id!r}"
+    ),
+    Rule.BODY_SIZE: "body of {size} bytes exceeds max_message_size={cfg.max_message_size}",
+    Rule.QUEUE_ID: "queue id out of range",
+    Rule.KEY: f"key is longer than {proto.MAX_KEY_CHARS} characters",
+    Rule.TAGS: f"tags is longer than {proto.MAX_TAGS_CHARS} characters",
+    Rule.PROPERTY_COUNT: f"more than {proto.MAX_PROPERTIES} properties",
+    Rule.PROPERTY_LENGTH: (
+        f"a property key is over {proto.MAX_PROPERTY_KEY_CHARS} or a value over "
+        f"{proto.MAX_PROPERTY_VALUE_CHARS} characters"
+    ),
+    Rule.FLAG: "unknown flag bits",
+    Rule.BOTH_DELAYS: "give at most one of delay and deliver_at",
+    Rule.DELAY: "delay is beyond the maximum delay of {cfg.max_delay_ms}ms",
+    Rule.DELIVER_AT: "deliver_at is beyond the maximum delay of {cfg.max_delay_ms}ms",
+}
 
 
 def delay_to_ms(delay: Any, max_delay_ms: int) -> int:
@@ -86,8 +110,12 @@ def to_wire(
     deliver_at: Any = None,
     msg_id: str | None = None,
 ) -> WireMessage:
-    """Validate one message and build its wire form (``queue_id`` is set at send time)."""
-    if not isinstance(topic, str) or _match_topic(topic) is None:
+    """Validate one message and build its wire form (``queue_id`` is set at send time).
+
+    The Python types are checked and converted here; the limits are the protocol's row
+    checker's (:func:`~qclient.protocol.limits.check_row`), so the broker accepts what
+    passes."""
+    if not isinstance(topic, str):
         raise InvalidMessageError(f"invalid topic {topic!r}: must match {proto.TOPIC_PATTERN}")
     if isinstance(body, str):
         data = body.encode()
@@ -98,47 +126,46 @@ def to_wire(
     else:
         raise InvalidMessageError(f"body must be bytes or str, got {type(body).__name__}")
     size = len(data)
-    if size > cfg.max_message_size:
-        raise MessageTooLargeError(
-            f"body of {size} bytes exceeds max_message_size={cfg.max_message_size}"
-        )
     delay_ms = deliver_at_ms = None
+    now_ms = time.time_ns() // 1_000_000
     if delay is not None:
         if deliver_at is not None:
             raise InvalidMessageError("give at most one of delay and deliver_at")
         delay_ms = delay_to_ms(delay, cfg.max_delay_ms)
     elif deliver_at is not None:
-        deliver_at_ms = deliver_at_to_ms(deliver_at, cfg.max_delay_ms)
+        deliver_at_ms = deliver_at_to_ms(deliver_at, cfg.max_delay_ms, now_ms)
     if key is not None and not isinstance(key, str):
         raise InvalidMessageError(f"key must be a str, got {type(key).__name__}")
-    if key is not None and len(key) > proto.MAX_KEY_CHARS:
-        raise InvalidMessageError(f"key is longer than {proto.MAX_KEY_CHARS} characters")
     if tags is not None and not isinstance(tags, str):
         raise InvalidMessageError(f"tags must be a str, got {type(tags).__name__}")
-    if tags is not None and len(tags) > proto.MAX_TAGS_CHARS:
-        raise InvalidMessageError(f"tags is longer than {proto.MAX_TAGS_CHARS} characters")
     if properties is not None:
         if not isinstance(properties, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in properties.items()
         ):
             raise InvalidMessageError("properties must be a dict of str to str")
-        if len(properties) > proto.MAX_PROPERTIES:
-            raise InvalidMessageError(f"more than {proto.MAX_PROPERTIES} properties")
-        if any(
-            len(k) > proto.MAX_PROPERTY_KEY_CHARS or len(v) > proto.MAX_PROPERTY_VALUE_CHARS
-            for k, v in properties.items()
-        ):
-            raise InvalidMessageError(
-                f"a property key is over {proto.MAX_PROPERTY_KEY_CHARS} or a value over "
-                f"{proto.MAX_PROPERTY_VALUE_CHARS} characters"
-            )
         properties = dict(properties) or None
     if msg_id is None:
         msg_id = new_msg_id()
-    elif not isinstance(msg_id, str) or not _match_msg_id(msg_id):
-        raise InvalidMessageError(
-            f"msg_id must be 1-128 printable ASCII characters without spaces: {msg_id!r}"
-        )
+    elif not isinstance(msg_id, str):
+        raise InvalidMessageError(_ERRORS[Rule.MSG_ID].format(msg_id=msg_id))
+    rule = check_row(
+        topic,
+        msg_id,
+        size,
+        0,
+        key,
+        tags,
+        properties,
+        0,
+        delay_ms,
+        deliver_at_ms,
+        now_ms,
+        max_delay_ms=cfg.max_delay_ms,
+        max_size=cfg.max_message_size,
+    )
+    if rule is not None:
+        error = MessageTooLargeError if rule == Rule.BODY_SIZE else InvalidMessageError
+        raise error(_ERRORS[rule].format(topic=topic, msg_id=msg_id, size=size, cfg=cfg))
     flag = 0
     if cfg.compress_threshold and size > cfg.compress_threshold:
         packed = zlib.compress(data, cfg.compress_level)

@@ -311,7 +311,8 @@ def test_old_segments_are_removed_once_nothing_needs_them(make_store, tmp_path) 
     now = wall_clock_ms()
     for i in range(0, 300, 30):
         s.submit([msg(j, now + j) for j in range(i, i + 30)]).result(10)
-    assert len(list(commitlog.iterdir())) > 10
+    # more than 10 segments written (retention may already be removing the first ones)
+    assert s.stats()["log_bytes"] > 10 * cfg["segment_bytes"]
     wait_until(lambda: visible(s, "t") == 300)
     wait_until(lambda: len(list(commitlog.iterdir())) == 1, timeout=10)  # the active one
     assert len(pull_all(s, "t")) == 300  # the consume logs hold their own copies

@@ -28,6 +28,7 @@ __all__ = [
     "TOPIC_RE",
     "Rule",
     "check_row",
+    "valid_msg_id",
 ]
 
 #: topic and group names, as documented (the whole name must match)
@@ -71,7 +72,19 @@ class Rule:
 
 
 _match_topic = TOPIC_RE.match
-_match_msg_id = MSG_ID_RE.match
+#: topics that passed the check (a set hit is ~10x cheaper than the regex); bounded
+_good_topics: set[str] = set()
+_MAX_GOOD_TOPICS = 4096
+
+
+def valid_msg_id(msg_id: str) -> bool:
+    """``MSG_ID_RE``, with str methods (C loops, faster than the regex on short ids)."""
+    return (
+        0 < len(msg_id) <= MAX_MSG_ID_CHARS
+        and msg_id.isascii()
+        and msg_id.isprintable()
+        and " " not in msg_id
+    )
 
 
 def check_row(
@@ -92,9 +105,12 @@ def check_row(
 ) -> str | None:
     """The first :class:`Rule` one message (wire types: str, int, bytes length) breaks,
     in this order, or None if it keeps every limit."""
-    if _match_topic(topic) is None:
-        return Rule.TOPIC
-    if _match_msg_id(msg_id) is None:
+    if topic not in _good_topics:
+        if _match_topic(topic) is None:
+            return Rule.TOPIC
+        if len(_good_topics) < _MAX_GOOD_TOPICS:
+            _good_topics.add(topic)
+    if not valid_msg_id(msg_id):
         return Rule.MSG_ID
     if body_size > max_size:
         return Rule.BODY_SIZE

@@ -5,8 +5,8 @@ from __future__ import annotations
 import operator
 from collections.abc import Iterable
 
+from qclient.protocol.limits import MAX_MSG_ID_CHARS, Rule, check_row
 from qclient.server.store import record as rec
-from qclient.server.store._files import check_name
 from qclient.server.store.types import InvalidRecordError, NewMessage, StoreConfig
 from qclient.server.store.wheel import MAX_SIZE
 
@@ -16,6 +16,22 @@ _DELAY_SLACK_MS = 60_000
 _MAX_TOPICS_REMEMBERED = 10_000
 _TOPIC = operator.attrgetter("topic")
 _DELIVER_AT = operator.attrgetter("deliver_at_ms")
+
+#: the store's wording of each rule of the row checker
+_ERRORS = {
+    Rule.TOPIC: "invalid topic name",
+    Rule.MSG_ID: f"msg_id must be 1-{MAX_MSG_ID_CHARS} printable ASCII characters",
+    Rule.BODY_SIZE: "message too large",
+    Rule.QUEUE_ID: "invalid queue id",
+    Rule.KEY: "key too long",
+    Rule.TAGS: "tags too long",
+    Rule.PROPERTY_COUNT: "too many properties",
+    Rule.PROPERTY_LENGTH: "a property key or value is too long",
+    Rule.FLAG: "flag has unknown bits",
+    Rule.BOTH_DELAYS: "deliver_at_ms out of range",
+    Rule.DELAY: "deliver_at_ms out of range",
+    Rule.DELIVER_AT: "deliver_at_ms out of range",
+}
 
 
 class Intake:
@@ -41,41 +57,61 @@ class Intake:
         return datas
 
     def _validate(self, m: NewMessage, now: int) -> bytes:
-        topic = m.topic
-        if topic not in self._topics_ok:
-            try:
-                check_name(topic)
-            except ValueError as exc:
-                raise InvalidRecordError(str(exc)) from None
-            if len(self._topics_ok) < _MAX_TOPICS_REMEMBERED:
-                self._topics_ok.add(topic)
-        q = m.queue_id
-        if type(q) is not int or not 0 <= q < 65536:
+        """One message's record: its types here, its limits by the protocol's row checker
+        (deliver times up to ``now + max_delay_ms`` plus a little slack)."""
+        topic, q, mid, d, body = m.topic, m.queue_id, m.msg_id, m.deliver_at_ms, m.body
+        if type(topic) is not str:
+            raise InvalidRecordError("invalid topic name")
+        if type(q) is not int:
             raise InvalidRecordError("invalid queue id")
-        mid = m.msg_id
-        if type(mid) is not str or not 0 < len(mid) <= 1024:
-            raise InvalidRecordError("msg_id must be a non-empty string of at most 1024 chars")
-        d = m.deliver_at_ms
-        if type(d) is not int or not 0 <= d <= now + self._max_ahead_ms:
-            raise InvalidRecordError("deliver_at_ms out of range")
-        body = m.body
+        if type(mid) is not str:
+            raise InvalidRecordError(_ERRORS[Rule.MSG_ID])
+        if type(d) is not int:
+            raise InvalidRecordError(_ERRORS[Rule.DELIVER_AT])
         if type(body) is not bytes:
             if not isinstance(body, (bytearray, memoryview)):
                 raise InvalidRecordError("body must be bytes")
             body = bytes(body)
+        key, tags, props, flag = m.key, m.tags, m.properties, m.flag
+        if not (
+            (key is None or type(key) is str)
+            and (tags is None or type(tags) is str)
+            and (props is None or type(props) is dict)
+            and type(flag) is int
+        ):
+            raise InvalidRecordError("bad message: key, tags, properties or flag of a wrong type")
+        rule = check_row(
+            topic,
+            mid,
+            len(body),
+            q,
+            key,
+            tags,
+            props,
+            flag,
+            None,
+            d,
+            now,
+            max_delay_ms=self._max_ahead_ms,
+            max_size=self._max_record,
+        )
+        if rule is not None:
+            raise InvalidRecordError(_ERRORS[rule])
+        if topic not in self._topics_ok and len(self._topics_ok) < _MAX_TOPICS_REMEMBERED:
+            self._topics_ok.add(topic)
         try:
             data = rec.encode(
                 rec.KIND_MESSAGE,
                 mid,
                 topic,
                 body,
-                flag=m.flag,
+                flag=flag,
                 queue_id=q,
                 received_ms=m.received_ms or now,
                 deliver_at_ms=d,
-                key=m.key,
-                tags=m.tags,
-                properties=m.properties,
+                key=key,
+                tags=tags,
+                properties=props,
             )
         except (ValueError, TypeError, AttributeError, UnicodeEncodeError) as exc:
             raise InvalidRecordError(f"bad message: {exc}") from None
