@@ -92,13 +92,12 @@ class _Reader:
 
 
 class _Connection:
-    __slots__ = ("host_header", "idle_since", "origin", "sock")
+    __slots__ = ("idle_since", "origin", "sock")
 
     def __init__(self, origin: _Origin, sock: socket.socket) -> None:
         self.origin = origin
         self.sock = sock
         self.idle_since = 0.0
-        self.host_header = f"{origin.host}:{origin.port}".encode("ascii")
 
     def alive(self) -> bool:
         """An idle connection is reusable only if the server has not closed it (or sent
@@ -121,7 +120,51 @@ def _timeout_left(deadline: float, exc: type[httpx.TimeoutException], what: str)
     return left
 
 
-class LeanTransport(httpx.BaseTransport):
+class _PoolSettings:
+    """What the sync and asyncio lean transports share: TLS, keep-alive limits, the
+    address -> origin cache and the request head."""
+
+    def __init__(
+        self,
+        ssl_context: ssl.SSLContext | Callable[[], ssl.SSLContext] | None,
+        keepalive_expiry: float,
+        max_idle_per_origin: int,
+    ) -> None:
+        #: a context, or a function making it on the first TLS connection (loading a CA
+        #: bundle takes tens of ms: plain-http users should not pay it)
+        self._ssl_context = ssl_context
+        self._expiry = keepalive_expiry
+        self._max_idle = max_idle_per_origin
+        self._origins: dict[str, _Origin] = {}
+        self._closed = False
+
+    def _tls_context(self) -> ssl.SSLContext:
+        ctx = self._ssl_context
+        if ctx is None:
+            ctx = self._ssl_context = ssl.create_default_context()
+        elif not isinstance(ctx, ssl.SSLContext):
+            ctx = self._ssl_context = ctx()
+        return ctx
+
+    def _origin(self, addr: str) -> _Origin:
+        if self._closed:
+            raise httpx.ConnectError("transport is closed")
+        origin = self._origins.get(addr)
+        if origin is None:
+            origin = parse_origin(addr)
+            if len(self._origins) < 4096:
+                self._origins[addr] = origin
+        return origin
+
+    @staticmethod
+    def _head(method: str, origin: _Origin, path: str, length: int, extra: str) -> bytes:
+        return (
+            f"{method} {path} HTTP/1.1\r\nHost: {origin.host}:{origin.port}\r\n"
+            f"Content-Length: {length}\r\n{extra}\r\n"
+        ).encode("latin-1")
+
+
+class LeanTransport(httpx.BaseTransport, _PoolSettings):
     """Pooled HTTP/1.1 over plain (or TLS) sockets; thread-safe; see the module doc."""
 
     def __init__(
@@ -131,31 +174,15 @@ class LeanTransport(httpx.BaseTransport):
         keepalive_expiry: float = KEEPALIVE_EXPIRY,
         max_idle_per_origin: int = MAX_IDLE_PER_ORIGIN,
     ) -> None:
-        #: a context, or a function making it on the first TLS connection (loading a CA
-        #: bundle takes tens of ms: plain-http users should not pay it)
-        self._ssl_context = ssl_context
-        self._expiry = keepalive_expiry
-        self._max_idle = max_idle_per_origin
+        _PoolSettings.__init__(self, ssl_context, keepalive_expiry, max_idle_per_origin)
         self._lock = threading.Lock()
         self._idle: dict[_Origin, list[_Connection]] = {}
-        self._origins: dict[str, _Origin] = {}
-        self._closed = False
         _LIVE.add(self)
 
     # --- the pool ---------------------------------------------------------------------
 
-    def _origin(self, addr: str) -> _Origin:
-        origin = self._origins.get(addr)
-        if origin is None:
-            origin = parse_origin(addr)
-            if len(self._origins) < 4096:
-                self._origins[addr] = origin
-        return origin
-
     def _checkout(self, origin: _Origin, deadline: float) -> tuple[_Connection, bool]:
         """A connection to ``origin`` and whether it was reused from the pool."""
-        if self._closed:
-            raise httpx.ConnectError("transport is closed")
         now = time.monotonic()
         with self._lock:
             idle = self._idle.get(origin)
@@ -175,14 +202,6 @@ class LeanTransport(httpx.BaseTransport):
                     idle.append(conn)
                     return
         conn.close()
-
-    def _tls_context(self) -> ssl.SSLContext:
-        ctx = self._ssl_context
-        if ctx is None:
-            ctx = self._ssl_context = ssl.create_default_context()
-        elif not isinstance(ctx, ssl.SSLContext):
-            ctx = self._ssl_context = ctx()
-        return ctx
 
     def _connect(self, origin: _Origin, deadline: float) -> _Connection:
         timeout = _timeout_left(deadline, httpx.ConnectTimeout, "connect")
@@ -230,10 +249,7 @@ class LeanTransport(httpx.BaseTransport):
         extra = "".join(f"{k}: {v}\r\n" for k, v in headers)
         for _ in range(2):
             conn, reused = self._checkout(origin, deadline)
-            head = (
-                f"{method} {path} HTTP/1.1\r\nHost: {conn.host_header.decode()}\r\n"
-                f"Content-Length: {len(body)}\r\n{extra}\r\n"
-            ).encode("latin-1")
+            head = self._head(method, origin, path, len(body), extra)
             try:
                 resp, keep = self._exchange(conn, head, body, deadline, method == "HEAD")
             except _StaleConnection:

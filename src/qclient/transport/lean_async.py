@@ -18,8 +18,8 @@ from .lean import (
     MAX_IDLE_PER_ORIGIN,
     LeanResponse,
     _Origin,
+    _PoolSettings,
     _Reader,
-    parse_origin,
 )
 
 __all__ = ["LeanAsyncTransport"]
@@ -98,7 +98,7 @@ class _Connection(asyncio.Protocol):
             self.transport.close()
 
 
-class LeanAsyncTransport:
+class LeanAsyncTransport(_PoolSettings):
     """Pooled HTTP/1.1 for one event loop; raises httpx's exceptions, like :mod:`.lean`."""
 
     def __init__(
@@ -108,26 +108,12 @@ class LeanAsyncTransport:
         keepalive_expiry: float = KEEPALIVE_EXPIRY,
         max_idle_per_origin: int = MAX_IDLE_PER_ORIGIN,
     ) -> None:
-        #: a context, or a function making it on the first TLS connection (loading a CA
-        #: bundle takes tens of ms: plain-http users should not pay it)
-        self._ssl_context = ssl_context
-        self._expiry = keepalive_expiry
-        self._max_idle = max_idle_per_origin
+        super().__init__(ssl_context, keepalive_expiry, max_idle_per_origin)
         self._idle: dict[_Origin, list[_Connection]] = {}
-        self._origins: dict[str, _Origin] = {}
-        self._closed = False
-
-    def _tls_context(self) -> ssl.SSLContext:
-        ctx = self._ssl_context
-        if ctx is None:
-            ctx = self._ssl_context = ssl.create_default_context()
-        elif not isinstance(ctx, ssl.SSLContext):
-            ctx = self._ssl_context = ctx()
-        return ctx
 
     async def _connect(self, origin: _Origin, timeout: float) -> _Connection:
         loop = asyncio.get_running_loop()
-        ctx = (self._tls_context()) if origin.tls else None
+        ctx = self._tls_context() if origin.tls else None
         where = f"{origin.host}:{origin.port}"
         try:
             _, conn = await asyncio.wait_for(
@@ -157,23 +143,14 @@ class LeanAsyncTransport:
         timeout: float,
     ) -> LeanResponse:
         """One request within ``timeout`` seconds in all; httpx's exceptions on failure."""
-        if self._closed:
-            raise httpx.ConnectError("transport is closed")
         deadline = time.monotonic() + timeout
-        origin = self._origins.get(addr)
-        if origin is None:
-            origin = parse_origin(addr)
-            if len(self._origins) < 4096:
-                self._origins[addr] = origin
+        origin = self._origin(addr)
         extra = "".join(f"{k}: {v}\r\n" for k, v in headers)
         for _ in range(2):
             conn, reused = self._checkout(origin)
             if conn is None:
                 conn = await self._connect(origin, max(0.001, deadline - time.monotonic()))
-            head = (
-                f"{method} {path} HTTP/1.1\r\nHost: {origin.host}:{origin.port}\r\n"
-                f"Content-Length: {len(body)}\r\n{extra}\r\n"
-            ).encode("latin-1")
+            head = self._head(method, origin, path, len(body), extra)
             left = deadline - time.monotonic()
             if left <= 0:
                 conn.close()
