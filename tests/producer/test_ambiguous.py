@@ -93,7 +93,7 @@ def test_hung_broker_copy_never_fires_twice() -> None:
     with LocalCluster(brokers=2) as cluster:
         a = cluster.broker("broker-a")
         ids = _ids_of("broker-a", "broker-b", 30)
-        with Producer(cluster.namesrv, send_timeout=2.0) as p:
+        with Producer(cluster.namesrv) as p:
             p.send_delayed("amb", "warm-up", delay=0.1)  # routes known before the hang
             a.pause()
             try:
@@ -103,7 +103,8 @@ def test_hung_broker_copy_never_fires_twice() -> None:
                 a.resume()
             results += [p.send_delayed("amb", i, delay=6.0, msg_id=i) for i in ids[3:]]
             noted = p._ambiguous.counts["noted"]
-            assert noted >= 1 and {r.broker_name for r in results[:3]} == {"broker-b"}
+            assert noted >= 1, p._ambiguous.counts
+            assert {r.broker_name for r in results[:3]} == {"broker-b"}
             wait_until(
                 lambda: (
                     p._ambiguous.counts["cancelled"] + p._ambiguous.counts["not_found"] >= noted
@@ -111,7 +112,8 @@ def test_hung_broker_copy_never_fires_twice() -> None:
                 10,
                 "the ambiguous copies to be settled",
             )
-            assert p._ambiguous.counts["cancelled"] >= 1  # a copy was there, and is gone
-        got = drain(cluster.namesrv, "amb", "g", expected=len(ids) + 1, timeout=20, settle=1.0)
+            # a copy was there, and is gone
+            assert p._ambiguous.counts["cancelled"] >= 1, p._ambiguous.counts
+        got = drain(cluster.namesrv, "amb", "g", expected=len(ids) + 1, timeout=20, settle=0.5)
         counts = Counter(m.msg_id for m in got)
         assert all(counts[i] == 1 for i in ids), {i: n for i, n in counts.items() if n != 1}

@@ -42,7 +42,7 @@ def test_disk_full_refuses_fails_over_keeps_firing_and_recovers(tmp_path, small_
         with Producer(cluster.namesrv, retry_times=2) as p:
             # before: both brokers take messages; broker-a's fire while its disk is full
             for i in range(40):
-                r = p.send_delayed(TOPIC, f"before-{i}", delay=2.0, msg_id=f"before-{i}")
+                r = p.send_delayed(TOPIC, f"before-{i}", delay=1.5, msg_id=f"before-{i}")
                 acked[r.msg_id] = r.broker_name
             assert "broker-a" in acked.values()
 
