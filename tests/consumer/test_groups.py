@@ -61,6 +61,7 @@ class Member:
     def __init__(self, cluster: LocalCluster, topic: str, group: str = "cg") -> None:
         self.consumer = Consumer(cluster.namesrv, topic, group, session_timeout=SESSION)
         self.got: list[str] = []
+        self.copies: list[tuple[str, str]] = []  # (msg_id, broker)
         self.early = 0
         self.closed_at: float | None = None
         self._stop = threading.Event()
@@ -79,6 +80,7 @@ class Member:
                 now_ms = time.time() * 1000
                 self.early += sum(1 for m in batch if now_ms < m.deliver_at_ms)
                 self.got.extend(m.msg_id for m in batch)
+                self.copies.extend((m.msg_id, m.broker_name) for m in batch)
         finally:
             self.consumer.close()
 
@@ -276,10 +278,12 @@ def test_broker_killed_while_firing_loses_nothing(cluster):
         time.sleep(0.5)
     finally:
         member.stop()
-    counts = Counter(member.got)
-    assert set(counts) == ids
-    dups = sum(n - 1 for n in counts.values())
-    # what the member held uncommitted when the broker died (its last poll, up to 64, and
-    # what it had committed in the broker's last offsets write) comes again; no more
-    assert dups <= 100, f"{dups} duplicates"
+    assert set(member.got) == ids
+    # a producer retry after a timeout may leave a copy on the other broker: not ours
+    dups = sum(n - 1 for n in Counter(member.copies).values())
+    # only what was uncommitted when the broker died comes again: the member's last two
+    # polls (64 each; a poll's commit rides on the next pull to that broker, which may
+    # wait behind a pull in flight) and what the broker took in after its last offsets
+    # write (every 20 ms)
+    assert dups <= 200, f"{dups} duplicates"
     assert member.early == 0
