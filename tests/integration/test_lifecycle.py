@@ -227,23 +227,27 @@ def test_cli_lookup_cancel_reschedule(cluster):
     ns, topic = cluster.namesrv, "lc-cli"
     with Producer(cluster.namesrv) as p:
         r = p.send_delayed(topic, b"x", delay=3600, msg_id="cli-1")
-        p.send_delayed(topic, b"x", delay=3600, msg_id="cli-2")
-    # independent commands run side by side (each process start costs ~1 s here)
-    lookup, move = (
-        _cli("lookup", "--namesrv", ns, "--topic", topic, "cli-1"),
-        _cli("reschedule", "--namesrv", ns, "--topic", topic, "--delay", "2h", "cli-2"),
-    )
-    code, out, err = _done(lookup)
+        for mid in ("cli-2", "cli-3", "cli-4"):
+            p.send_delayed(topic, b"x", delay=3600, msg_id=mid)
+        p.cancel(topic=topic, msg_id="cli-4")
+    # every command at once, each on its own id (a process start costs ~1 s here)
+    procs = {
+        "lookup": _cli("lookup", "--namesrv", ns, "--topic", topic, "cli-1"),
+        "reschedule": _cli(
+            "reschedule", "--namesrv", ns, "--topic", topic, "--delay", "2h", "cli-2"
+        ),
+        "cancel": _cli("cancel", "--namesrv", ns, "--topic", topic, "cli-3"),
+        "cancelled": _cli("cancel", "--namesrv", ns, "--topic", topic, "cli-4"),
+        "unknown": _cli("lookup", "--namesrv", ns, "--topic", topic, "nope"),
+    }
+    done = {name: _done(proc) for name, proc in procs.items()}
+    code, out, err = done["lookup"]
     assert code == 0 and '"state": "scheduled"' in out and r.msg_id in out, err
-    code, out, err = _done(move)
+    code, out, err = done["reschedule"]
     assert code == 0 and '"msg_id": "cli-2"' in out, err
-    code, out, err = _done(_cli("cancel", "--namesrv", ns, "--topic", topic, "cli-1"))
+    code, out, err = done["cancel"]
     assert code == 0 and '"cancelled": true' in out, err
-    failing = [
-        (_cli("cancel", "--namesrv", ns, "--topic", topic, "cli-1"), "it is cancelled"),
-        (_cli("lookup", "--namesrv", ns, "--topic", topic, "nope"), "unknown to every broker"),
-    ]
-    for proc, says in failing:
-        code, out, err = _done(proc)
+    for name, says in (("cancelled", "it is cancelled"), ("unknown", "unknown to every broker")):
+        code, out, err = done[name]
         assert code == 1 and says in err, err
         assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
