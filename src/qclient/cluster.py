@@ -216,7 +216,7 @@ class LocalCluster:
                     str(expire),
                     *tls,
                     *(["--auth-file", auth_file] if auth_file else []),
-                ],  # issue 6
+                ],
                 self.data_dir,
                 host,
                 namesrv_port if i == 0 else 0,
@@ -237,7 +237,7 @@ class LocalCluster:
                 *broker_args,
                 *tls,
             ]
-            if tls_cert:  # issue 6: brokers verify the name server (self-signed: its cert)
+            if tls_cert:  # brokers verify the name server (self-signed: its cert)
                 args += ["--tls-ca", tls_ca or tls_cert]
             if name in read_only:
                 args.append("--read-only")

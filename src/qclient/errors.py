@@ -15,6 +15,8 @@ __all__ = [
     "BrokerResponseError",
     "BrokerUnavailableError",
     "BufferFullError",
+    "ClosedError",
+    "ConsumerClosedError",
     "InvalidMessageError",
     "MessageNotScheduledError",
     "MessageTooLargeError",
@@ -103,8 +105,16 @@ class MessageNotScheduledError(QClientError):
         self.state = state
 
 
-class ProducerClosedError(QClientError):
-    """The producer (or consumer) is closed."""
+class ClosedError(QClientError):
+    """The client (producer or consumer) is closed."""
+
+
+class ProducerClosedError(ClosedError):
+    """The producer is closed."""
+
+
+class ConsumerClosedError(ClosedError):
+    """The consumer is closed."""
 
 
 class BatchSendError(QClientError):

@@ -127,7 +127,7 @@ def _producer_params() -> dict[str, Callable[[str, Any], Any]]:
     return out
 
 
-#: Producer keyword -> converter: every option of ``qclient.Producer`` (CONTRACT.md), from
+#: Producer keyword -> converter: every option of ``qclient.Producer``, from
 #: ``ProducerConfig``'s fields and their defaults' types.
 PRODUCER_OPTIONS: dict[str, Callable[[str, Any], Any]] = {"namesrv": _str, **_producer_params()}
 

@@ -30,7 +30,7 @@ import msgspec
 
 from .. import _tracing
 from .._models import ReceivedMessage
-from ..errors import AuthError, InvalidMessageError, ProducerClosedError, QClientError
+from ..errors import AuthError, ConsumerClosedError, InvalidMessageError, QClientError
 from ..protocol import wire
 from ..routing.nameserver import NameServerClient
 from ..routing.publish_info import master_addrs
@@ -128,7 +128,7 @@ class Consumer:
         start_ns = time.time_ns()
         with self._lock:
             if self._closed:
-                raise ProducerClosedError("consumer is closed")
+                raise ConsumerClosedError("consumer is closed")
             if self.auto_commit:
                 self._ack.update(self._delivered)
             if not self._buffer:
@@ -154,7 +154,7 @@ class Consumer:
                     return
             try:
                 batch = self.poll(max_messages, timeout=wait_s)
-            except ProducerClosedError:
+            except ConsumerClosedError:
                 return
             if batch:
                 yield from batch

@@ -1,4 +1,5 @@
-"""``FaultItem`` and ``LatencyFaultTolerance``: the per-broker fault table (seed 004)."""
+"""``FaultItem`` and ``LatencyFaultTolerance``: the per-broker fault table (RocketMQ's
+LatencyFaultToleranceImpl)."""
 
 from __future__ import annotations
 

@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 
 
 class Producer(ProducerBase):
-    """Sends (delayed) messages; thread-safe; a context manager. See CONTRACT.md."""
+    """Sends (delayed) messages; thread-safe; a context manager."""
 
     def __init__(
         self,

@@ -412,7 +412,7 @@ def decode(data: bytes, typ: type[T], content_type: str = JSON) -> T:
         result: T = dec.decode(data)
     except UnicodeDecodeError as exc:
         # msgspec lets a string that is not UTF-8 through as this, not as a DecodeError:
-        # callers catch DecodeError for every malformed body (a 500 on the servers before)
+        # callers catch DecodeError for every malformed body (else the servers answer 500)
         raise msgspec.DecodeError(f"a string is not valid UTF-8: {exc.reason}") from None
     return result
 

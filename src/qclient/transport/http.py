@@ -61,7 +61,7 @@ def _timeout(seconds: float) -> httpx.Timeout:
 def tls_verify(verify: bool | str | ssl.SSLContext) -> bool | ssl.SSLContext:
     """httpx's ``verify`` from a bool, a CA bundle file / directory path, or a context.
 
-    (issue 6: httpx 0.28 deprecates ``verify=<path>``; build the context here instead.)
+    (httpx 0.28 deprecates ``verify=<path>``, so the context is built here.)
     ``True`` gives one process-wide context on certifi's CA bundle: what httpx would build
     for each client (35-50 ms each), built once.
     """

@@ -91,14 +91,14 @@ class Broker:
             scheme = "https://" if self.config.tls_cert else ""
             self.config.advertise_addr = scheme + addr
         sign = None
-        if self.authorizer is not None:  # issue 6: name servers with --auth-file want it signed
+        if self.authorizer is not None:  # name servers with --auth-file want it signed
             from .._auth import heartbeat_signer
 
             account = self.authorizer.signing_account()
             sign = heartbeat_signer(account.access_key, account.secret_key)
         ca = (
             ssl.create_default_context(cafile=self.config.tls_ca) if self.config.tls_ca else None
-        )  # issue 6
+        )  # verifies https:// name servers (None: the system's CAs)
         self.heartbeat = Heartbeat(
             self.config.namesrv, self.config.heartbeat_interval_ms, self.registration, sign, ca
         )
@@ -236,7 +236,7 @@ class Broker:
                 raise ApiError(503, ErrorCode.BROKER_BUSY, f"broker busy: {exc}") from None
             except DiskFullError as exc:
                 raise ApiError(507, ErrorCode.DISK_FULL, f"disk full: {exc}") from None
-            except InvalidRecordError as exc:  # issue 6: bad input, not a store failure
+            except InvalidRecordError as exc:  # bad input, not a store failure
                 raise ApiError(400, ErrorCode.INVALID_MESSAGE, str(exc)) from None
             except StoreError as exc:
                 log.error("store error: %s", exc)
@@ -333,7 +333,7 @@ class Broker:
         offsets = dict(offsets)
         # Fair share per queue first, then fill up from whichever has more.
         share = max(1, limit // len(offsets))
-        size = 0  # issue 6: bound the bytes of one answer too, not only its count
+        size = 0  # bound the bytes of one answer too, not only its count
         for rounds in (share, limit):
             for q in sorted(offsets):
                 room = min(rounds, limit - len(out))
@@ -391,7 +391,7 @@ class Broker:
         data: dict[str, Any] = {"broker_name": self.config.name, **self.counters}
         data["store"] = self.store.stats()
         data["disk"] = {"free_bytes": self.disk.free_bytes(), "refusals": self.disk.refusals}
-        if self.authorizer is not None:  # issue 6: refusals by reason (no secrets)
+        if self.authorizer is not None:  # refusals by reason (no secrets)
             data["auth"] = self.authorizer.stats()
         return reply(request, data)
 
@@ -423,7 +423,7 @@ def create_app(config: BrokerConfig) -> tuple[Application, Broker]:
     return app, broker
 
 
-#: issue 5: the send path allocates a few short-lived container objects per message, so
+#: the send path allocates a few short-lived container objects per message, so
 #: with CPython's default gen-0 threshold (700) one 2000-message request ran ~20 young
 #: collections and, every few requests, a full one over every module-level object. Young
 #: collections every 10k allocations (~1 ms each, far below the firing lateness budget)

@@ -27,7 +27,7 @@ class Heartbeat:
         ssl_ctx: ssl.SSLContext | None = None,
     ) -> None:
         self._namesrv = namesrv
-        self._ssl = ssl_ctx  # issue 6: verifies https:// name servers (None: system CAs)
+        self._ssl = ssl_ctx  # verifies https:// name servers (None: system CAs)
         self._interval = interval_ms / 1000
         self._registration = registration
         self._sign = sign

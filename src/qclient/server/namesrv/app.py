@@ -36,7 +36,7 @@ from .route_table import RouteTable
 
 log = logging.getLogger(__name__)
 
-# issue 6: what a registration may carry (what readers of the routes will trust)
+# what a registration may carry: readers of the routes trust these fields
 _ADDR_RE = re.compile(r"^[\x21-\x7e]{1,255}\Z")
 MAX_TOPICS_PER_BROKER = 100_000
 
@@ -82,7 +82,7 @@ class NameServerConfig:
     max_request_bytes: int = 8 << 20
     tls_cert: str | None = None
     tls_key: str | None = None
-    #: issue 6: when set, register/unregister need a broker signature (see server/_auth.py)
+    #: when set, register/unregister need a broker signature (see server/_auth.py)
     auth_file: str | None = None
     ready_file: str | None = None
     exit_with_parent: int | None = None
@@ -93,7 +93,7 @@ def create_app(config: NameServerConfig) -> Application:
     registry = CollectorRegistry()
     metrics = NameServerMetrics(registry, table)
     middlewares: list[Any] = [request_metrics_middleware(registry)]
-    if config.auth_file:  # issue 6: only the write endpoints; routes stay open to readers
+    if config.auth_file:  # only the write endpoints; routes stay open to readers
         from .._auth import Authorizer, auth_middleware
 
         authorizer = Authorizer.from_file(config.auth_file)
