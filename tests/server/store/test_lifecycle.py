@@ -68,7 +68,12 @@ def test_index_entries_and_keys(tmp_path: Path) -> None:
     data = encode(KIND_MESSAGE, "an-id", "t", b"x")
     assert record_key(data) == id_key("an-id")
     assert id_key("x") == id_key("x") and id_key("x") != id_key("y") and PARTS == 128
+    assert ix.compact(25) == 2  # positions 10 and 20 are gone with their segments
+    assert [p for p, _k, _t in ix.find("a")] == [30] and ix.find("b") == []
     ix.close()
+    again = IdIndex(tmp_path / "ids", fsync=False)
+    assert again.recover() and [p for p, _k, _t in again.find("a")] == [30]
+    again.close()
 
 
 def test_lookup_cancel_and_states(open_store: Callable[..., DelayStore]) -> None:
@@ -148,3 +153,23 @@ def test_without_index_lookup_uses_the_dedupe_window(
     _send(s, "x", wall_clock_ms() + 60_000)
     assert s.lookup("t", "x").state == "scheduled"  # type: ignore[union-attr]
     assert not (tmp_path / "data" / "ids").exists()
+
+
+def test_retention_compacts_the_index(open_store: Callable[..., DelayStore]) -> None:
+    s = open_store(
+        segment_bytes=4096,
+        bucket_ms=100,
+        load_ahead_ms=50,
+        checkpoint_interval_ms=50,
+        retain_fired_ms=0,
+        dedupe_window_ms=0,
+    )
+    now = wall_clock_ms()
+    for i in range(0, 300, 30):
+        s.submit([NewMessage("t", j % 4, f"m{j}", b"x" * 100, now + j) for j in range(i, i + 30)])
+    _send(s, "far", now + 86_400_000)  # pins its own segment: its entry stays
+    for i in range(300, 400, 50):  # more segments after it
+        s.submit([NewMessage("t", j % 4, f"m{j}", b"x" * 100, now) for j in range(i, i + 50)])
+    _until(lambda: s.stats().get("id_index_compacted", 0) >= 100)
+    assert s.lookup("t", "far").state == "scheduled"  # type: ignore[union-attr]
+    assert s.lookup("t", "m0") is None  # its segment is gone, and its index entry with it

@@ -184,6 +184,15 @@ class AppendFiles:
             fds.append(os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY))
         return fds
 
+    def replace(self, key: int, data: bytes) -> None:
+        """Atomically replace file ``key`` with ``data`` (whole units; tmp + fsync + rename)."""
+        fd = self._fds.pop(key, None)
+        if fd is not None:
+            os.close(fd)
+        self._dirty.discard(key)
+        atomic_write(self.path(key), data, fsync=self.fsync)
+        self._sizes[key] = len(data)
+
     def remove(self, key: int) -> None:
         fd = self._fds.pop(key, None)
         if fd is not None:

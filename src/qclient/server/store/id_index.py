@@ -15,6 +15,8 @@ checkpoint fsyncs the partitions first, so recovery only re-adds what came after
 written with the dispatch log and reconciled from the consume logs on recovery the same
 way. Readers verify every position by reading the record back (the key is a hash, and a
 torn log tail may have been rewritten), so a stale or colliding entry is never trusted.
+When retention deletes old log segments, :meth:`IdIndex.compact` drops the entries that
+pointed into them, so the index grows with what the log keeps, not with all ever stored.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ STORED = 1
 FIRED = 2
 _TIME_MASK = (1 << 56) - 1
 _KEY = struct.Struct("<Q")
+_POS = _KEY  # the position, 8 bytes into an entry
 # where a record keeps len(msg_id): after PRE and the fixed fields before it
 _ID_LEN = struct.Struct("<H")
 _ID_LEN_AT = rec.PRE.size + struct.calcsize("<Biiqqqqq")
@@ -119,6 +122,25 @@ class IdIndex:
             _k, pos, info = ENTRY.unpack_from(data, off)
             out.append((pos, info >> 56, info & _TIME_MASK))
         return out
+
+    def compact(self, below: int) -> int:
+        """Drop the entries of positions before ``below`` (their log segments are deleted);
+        returns how many. One partition at a time, each replaced atomically."""
+        dropped = 0
+        size = ENTRY.size
+        for p in range(PARTS):
+            with self._lock:
+                data = self._files.read(p)
+                keep = [
+                    data[o : o + size]
+                    for o in range(0, len(data), size)
+                    if _POS.unpack_from(data, o + 8)[0] >= below
+                ]
+                n = len(data) // size - len(keep)
+                if n:
+                    self._files.replace(p, b"".join(keep))
+                    dropped += n
+        return dropped
 
     def take_dirty(self) -> list[int]:
         """fds of the partitions written since the last call (see ``AppendFiles``)."""

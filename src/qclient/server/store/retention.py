@@ -96,6 +96,9 @@ class Retention:
         if n:
             sh.stats["segments_removed"] += n
             log.info("message log: removed %d old segment(s) before position %d", n, limit)
+            ids = sh.files.ids
+            if ids is not None:  # entries pointing into the deleted segments are dead
+                sh.stats["id_index_compacted"] += ids.compact(mlog.segments()[0][0])
 
     def _sweep_orphans(self) -> None:
         """Remove dispatch files whose bucket was cleaned more than a dedupe window ago
