@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 from collections.abc import Callable, Iterator
@@ -23,7 +24,9 @@ def fill(mnt: Path, leave: int) -> Path:
         while free_bytes(mnt) > leave + len(chunk):
             f.write(chunk)
             f.flush()
-        f.write(bytes(max(0, free_bytes(mnt) - leave)))
+        with contextlib.suppress(OSError):  # ENOSPC when asked to leave nothing
+            f.write(bytes(max(0, free_bytes(mnt) - leave)))
+            f.flush()
     return ballast
 
 

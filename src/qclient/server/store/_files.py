@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 from collections import OrderedDict
@@ -12,6 +13,10 @@ from pathlib import Path
 from qclient.protocol.wire import TOPIC_RE
 
 log = logging.getLogger(__name__)
+
+#: a write failed for lack of space (or quota, or file-size limit): not the store's fault;
+#: it can go on once space returns
+NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 
 
 def fsync_dir(path: Path) -> None:
@@ -147,7 +152,13 @@ class AppendFiles:
     def append(self, key: int, data: bytes) -> None:
         """Append ``data`` (a whole number of units) to file ``key``."""
         created = key not in self._sizes
-        write_all(self._fd(key), data)
+        fd = self._fd(key)
+        try:
+            write_all(fd, data)
+        except OSError:
+            # a partial unit would shift every later one: cut back to the last whole one
+            os.ftruncate(fd, self._sizes[key])
+            raise
         self._sizes[key] += len(data)
         self._dirty.add(key)
         if created:

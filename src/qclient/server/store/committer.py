@@ -9,7 +9,6 @@ copy replays as the new schedule entry plus a cancel of the replaced one).
 
 from __future__ import annotations
 
-import errno
 import logging
 import threading
 import time
@@ -19,6 +18,7 @@ from concurrent.futures import Future
 import msgspec
 
 from qclient.server.store import record as rec
+from qclient.server.store._files import NO_SPACE
 from qclient.server.store._shared import LOCK_CHUNK, Shared
 from qclient.server.store.replay import Replayer
 from qclient.server.store.types import (
@@ -33,7 +33,6 @@ from qclient.server.store.types import (
 log = logging.getLogger(__name__)
 
 _MSG = rec.KIND_MESSAGE
-_NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 _CANCEL = rec.KIND_CANCEL
 _RESCHEDULE = rec.KIND_RESCHEDULE
 _SCHEDULING = rec.SCHEDULING_KINDS
@@ -229,7 +228,7 @@ class Committer:
                 except OSError as exc2:
                     sh.broken = exc2
                 err = StoreError(f"message log write failed: {exc}")
-                if exc.errno in _NO_SPACE:
+                if exc.errno in NO_SPACE:
                     err = DiskFullError(f"no space left for the message log: {exc}")
                 self._fail(group, err)
                 return

@@ -121,8 +121,14 @@ class ConsumeQueue:
             off += 1
         if not chunks:
             return 0
-        write_all(self._log_fd, b"".join(chunks))
-        write_all(self._idx_fd, b"".join(index))
+        try:
+            write_all(self._log_fd, b"".join(chunks))
+            write_all(self._idx_fd, b"".join(index))
+        except OSError:
+            # (disk full) nothing half-written: the firing thread retries the whole batch
+            os.ftruncate(self._log_fd, self.log_end)
+            os.ftruncate(self._idx_fd, self.next * INDEX.size)
+            raise
         self.log_end = pos
         count = off - self.next
         self.next = off

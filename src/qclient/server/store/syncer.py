@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from qclient.server.store._files import NO_SPACE
 from qclient.server.store._shared import Shared
 from qclient.server.store.checkpoint import Checkpoint
 from qclient.server.store.consume_log import ConsumeQueue
@@ -89,6 +90,7 @@ class Syncer:
             try:
                 if work:
                     self._sync_fired(work)
+                    work = []
                     last_sync = time.monotonic()
                 if time.monotonic() >= next_offsets:
                     next_offsets = time.monotonic() + offsets_period
@@ -98,17 +100,32 @@ class Syncer:
                     self._checkpoint.write()
                     sh.files.flush()
                     self._retention.cleanup()
+            except OSError as exc:
+                if exc.errno not in NO_SPACE or stopping:
+                    self._fail(exc)
+                else:
+                    # nothing half-written (appends are cut back on failure): keep the
+                    # fired work not yet synced and try again once space returns
+                    log.error("syncer: %s; retrying", exc)
+                    sh.stats["no_space_errors"] += 1
+                    with self._cv:
+                        self._work = work + self._work
+                    time.sleep(0.5)
             except Exception as exc:
-                # fired copies may not be durable or dispatched: they fire again after a
-                # restart (at-least-once); refuse new work rather than guess
-                log.exception("syncer step failed; the store stops accepting work")
-                sh.stats["sync_errors"] += 1
-                sh.broken = exc
-                time.sleep(0.1)
+                self._fail(exc)
             if stopping:
                 with self._cv:
                     if not self._work:
                         return
+
+    def _fail(self, exc: Exception) -> None:
+        # fired copies may not be durable or dispatched: they fire again after a
+        # restart (at-least-once); refuse new work rather than guess
+        log.exception("syncer step failed; the store stops accepting work")
+        sh = self._sh
+        sh.stats["sync_errors"] += 1
+        sh.broken = exc
+        time.sleep(0.1)
 
     def _sync_fired(self, work: list[Work]) -> None:
         sh = self._sh
