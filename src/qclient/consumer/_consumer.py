@@ -220,22 +220,28 @@ class Consumer:
 
     def assignment(self) -> list[tuple[str, int]]:
         """The (broker name, queue id) pairs this member holds now, sorted."""
-        with self._lock:
-            return sorted((b, q) for b, qs in self._owned.items() for q in qs)
+        # no lock (a poll may hold it for its whole timeout): copies are atomic in CPython
+        return sorted((b, q) for b, qs in dict(self._owned).items() for q in list(qs))
 
     # --- requests -------------------------------------------------------------------
 
     def _request(
-        self, broker: str, addr: str, path: str, req: object, typ: type[T], wait_ms: int = 0
+        self,
+        broker: str,
+        addr: str,
+        path: str,
+        req: object,
+        typ: type[T],
+        wait_ms: int = 0,
+        timeout: float | None = None,
     ) -> T | None:
         """One request; ``None`` when the topic does not exist on that broker (yet)."""
         body = wire.encode(req, wire.MSGPACK)
+        limit = self._timeout if timeout is None else timeout
         try:
-            resp = self._http.request(
-                "POST", addr, path, body, timeout=self._timeout + wait_ms / 1000
-            )
+            resp = self._http.request("POST", addr, path, body, timeout=limit + wait_ms / 1000)
         except httpx.HTTPError as exc:
-            raise classify_exception(exc, broker=broker, timeout=self._timeout)[1] from None
+            raise classify_exception(exc, broker=broker, timeout=limit)[1] from None
         if resp.status == 404:
             return None
         if resp.status != 200:
@@ -275,7 +281,16 @@ class Consumer:
         req = wire.GroupHeartbeat(
             self.topic, self.group, self.client_id, self._lease_ms, want, commits
         )
-        state = self._request(name, addr, wire.BROKER_GROUP_HEARTBEAT, req, wire.GroupState)
+        # a hung broker must not hold up the heartbeats (and pulls) that keep the other
+        # brokers' leases alive: wait at most a heartbeat interval
+        state = self._request(
+            name,
+            addr,
+            wire.BROKER_GROUP_HEARTBEAT,
+            req,
+            wire.GroupState,
+            timeout=min(self._timeout, self._interval),
+        )
         if state is not None:
             self._committed_ok(name, commits, [])
         return state
