@@ -19,6 +19,7 @@ import statistics
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 MODES = ("off", "noop", "sdk", "sdk_sampled")
@@ -113,17 +114,23 @@ def main() -> None:
     modes = ("off", "sdk") if args.smoke else MODES
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
     with LocalCluster(brokers=1) as cluster:
-        for r in range(rounds):
-            # rotate the order so no mode always runs first (or after the same one)
-            k = r % len(modes)
-            for mode in modes[k:] + modes[:k]:
-                res = _run_child(mode, cluster.namesrv, n)
-                runs[mode].append(res)
-                print(
-                    f"round {r + 1} {mode:>11}: {res['msgs_per_s']:>9.0f} msgs/s "
-                    f"{res['cpu_us_per_msg']:>6.1f} µs CPU/msg",
-                    file=sys.stderr,
-                )
+        if args.smoke:  # paths, not figures: the processes side by side
+            with ThreadPoolExecutor(len(modes)) as pool:
+                done = pool.map(lambda m: _run_child(m, cluster.namesrv, n), modes)
+                for mode, res in zip(modes, done, strict=True):
+                    runs[mode].append(res)
+        else:
+            for r in range(rounds):
+                # rotate the order so no mode always runs first (or after the same one)
+                k = r % len(modes)
+                for mode in modes[k:] + modes[:k]:
+                    res = _run_child(mode, cluster.namesrv, n)
+                    runs[mode].append(res)
+                    print(
+                        f"round {r + 1} {mode:>11}: {res['msgs_per_s']:>9.0f} msgs/s "
+                        f"{res['cpu_us_per_msg']:>6.1f} µs CPU/msg",
+                        file=sys.stderr,
+                    )
     med = {
         m: {
             "msgs_per_s": round(statistics.median(x["msgs_per_s"] for x in runs[m]), 1),
