@@ -145,6 +145,7 @@ class BrokerCollector:
             ("fired", "messages_fired", "Messages fired into their consume queues"),
             ("cancelled", "messages_cancelled", "Scheduled messages cancelled before firing"),
             ("duplicates", "messages_duplicate", "Sends of an id stored already (not stored)"),
+            ("rescheduled", "messages_rescheduled", "Scheduled messages moved to a new time"),
             ("busy_rejections", "busy_rejections", "Sends refused with BROKER_BUSY"),
             ("fsyncs", "message_log_fsyncs", "Group commits of the message log"),
         ):

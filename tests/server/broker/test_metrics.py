@@ -42,6 +42,7 @@ def test_counters_move_as_messages_are_stored_fired_and_cancelled(cluster):
         later = [p.send_delayed("mx", f"l{i}", delay=120, msg_id=f"later-{i}") for i in range(3)]
         p.send_delayed("mx", b"again", delay=120, msg_id="later-0")  # a duplicate
         assert p.cancel(later[0]) and p.cancel(later[1])
+        p.reschedule("mx", "later-2", delay=240)  # stays scheduled
 
     def fired():
         s = scrape(addr)
@@ -57,6 +58,7 @@ def test_counters_move_as_messages_are_stored_fired_and_cancelled(cluster):
     assert moved("qclient_broker_messages_fired_total") == 5
     assert moved("qclient_broker_messages_cancelled_total") == 2
     assert moved("qclient_broker_messages_duplicate_total") == 1
+    assert moved("qclient_broker_messages_rescheduled_total") == 1
     assert moved("qclient_broker_scheduled_messages") == 1  # 3 later, 2 of them cancelled
     assert moved("qclient_broker_fire_lateness_seconds_count") == 5
     assert value(after, "qclient_broker_fire_lateness_seconds_bucket", le="+Inf") == value(
