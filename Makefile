@@ -12,11 +12,11 @@ $(BIN)/python:
 	$(BIN)/python -m pip install -q --upgrade pip
 
 $(VENV)/.core-$(SIG): | $(BIN)/python
-	$(BIN)/python -m pip install -q -e .
+	$(BIN)/python -m pip install -q -e '.[server]'
 	@touch $@
 
 $(VENV)/.full-$(SIG): | $(BIN)/python
-	$(BIN)/python -m pip install -q -e '.[dev,spark,bench,otel]'
+	$(BIN)/python -m pip install -q -e '.[server,dev,spark,bench,otel]'
 	@touch $@ $(VENV)/.core-$(SIG)
 
 ## setup: install the project with every extra into .venv

@@ -32,6 +32,7 @@ from ._config import (
     DEFAULT_NAMESRV_PORT,
     DEFAULT_QUEUES,
 )
+from ._extras import missing_server_extra
 from .errors import QClientError
 
 log = logging.getLogger("qclient.cli")
@@ -84,7 +85,14 @@ def _run_server(coro: Any) -> None:
         uvloop.run(coro)
 
 
+def _need_server_extra(what: str) -> None:
+    missing = missing_server_extra(what)
+    if missing:
+        raise CliError(missing)
+
+
 def cmd_namesrv(args: argparse.Namespace) -> int:
+    _need_server_extra("qclient namesrv")
     from .server.namesrv import NameServerConfig, run
 
     cfg = NameServerConfig(
@@ -137,6 +145,8 @@ def _store_options(pairs: list[tuple[str, str]]) -> dict[str, int | bool]:
 
 def cmd_broker(args: argparse.Namespace) -> int:
     from .protocol.wire import split_addrs
+
+    _need_server_extra("qclient broker")
     from .server.broker import BrokerConfig, run
 
     namesrv = list(split_addrs(args.namesrv))  # ValueError: one line, exit 1

@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 
 from ._config import DEFAULT_HOST
+from ._extras import missing_server_extra
 from .errors import QClientError
 from .protocol import wire
 
@@ -275,6 +276,9 @@ class LocalCluster:
 
     def start(self) -> LocalCluster:
         try:
+            missing = missing_server_extra("LocalCluster")
+            if missing:
+                raise ClusterError(missing)
             for node in self.namesrv_nodes:
                 node.spawn()
             for node in self.namesrv_nodes:
