@@ -41,9 +41,10 @@ def _assert_no_secret(text: str, where: str) -> None:
 
 
 def test_secrets_stay_out_of_logs_reprs_errors_and_stats(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ):
     caplog.set_level(logging.DEBUG)  # everything, httpx/httpcore included
+    monkeypatch.setenv("QCLIENT_LOG_FORMAT", "json")  # the servers' JSON lines, extras too
     auth_file = write_auth_file(tmp_path)
     texts: list[tuple[str, str]] = []
     with LocalCluster(brokers=1, data_dir=str(tmp_path / "c"), auth_file=auth_file) as c:
@@ -124,6 +125,8 @@ def test_secrets_stay_out_of_logs_reprs_errors_and_stats(
             ("name server log", namesrv_log.read_text()),
         ]
         assert "bad signature" in texts[-2][1]  # the refusals are logged, without secrets
+        records = [json.loads(ln) for ln in texts[-2][1].splitlines() if ln.startswith("{")]
+        assert any("bad signature" in r["message"] for r in records)
     cfg = ProducerConfig.create("127.0.0.1:1", access_key=APP_KEY, secret_key=APP_SECRET)
     authorizer = Authorizer.from_file(auth_file)
     texts += [
