@@ -41,6 +41,7 @@ from ..store import (
 )
 from . import lifecycle
 from .checks import MessageChecks
+from .commit import LoopCommitter
 from .config import BrokerConfig
 from .disk import DiskGuard
 from .groups import GroupTable, group_heartbeat, group_pull
@@ -77,6 +78,7 @@ class Broker:
         self._waiters: dict[str, set[asyncio.Future[None]]] = defaultdict(set)
         self.groups = GroupTable()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.committer: LoopCommitter  # set by start()
         self.counters: dict[str, int] = defaultdict(int)
 
     # --- lifecycle ------------------------------------------------------------------
@@ -84,6 +86,7 @@ class Broker:
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         await asyncio.to_thread(self.store.open)
+        self.committer = LoopCommitter(self.store, self._loop)
         self.store.add_fire_listener(self._on_fired)
 
     async def register(self, addr: str) -> None:
@@ -225,12 +228,8 @@ class Broker:
                 # validated: the message checks did (more strictly) what the
                 # store's own input checks would do again; topics: those of to_store
                 # when it is all of msgs (then the store need not collect them again)
-                stored = await asyncio.wrap_future(
-                    self.store.submit(
-                        to_store,
-                        validated=True,
-                        topics=topic_names if index is None else None,
-                    )
+                stored = await self.committer.submit(
+                    to_store, topic_names if index is None else None
                 )
             except StoreBusyError as exc:
                 raise ApiError(503, ErrorCode.BROKER_BUSY, f"broker busy: {exc}") from None

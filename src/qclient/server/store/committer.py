@@ -2,6 +2,9 @@
 
 While one group's ``fdatasync`` runs, new submissions queue up for the next group; a
 submission's future completes only after its records are durable (when ``config.fsync``).
+Groups are committed by the committer thread, or by a caller that queued its submissions
+with ``defer`` and commits them itself (:meth:`Committer.commit_pending`: the broker's
+event loop, which saves the thread hand-offs); one group at a time either way.
 After the fsync the group's messages are added to the id index, then the records are
 replayed into the schedule log and wheel and remembered in the dedupe table (a reschedule's
 copy replays as the new schedule entry plus a cancel of the replaced one).
@@ -103,6 +106,9 @@ class Committer:
         self._check_open = check_open
         self._cv = threading.Condition(sh.submit_lock)
         self._queue: list[Batch] = []
+        # one group commit at a time, whichever thread runs it; taken before the queue
+        # is emptied, so a group taken first is also committed (and completed) first
+        self._commit_lock = threading.Lock()
         self._inflight: dict[str, Entry] = {}
         self._stop = False
         self.pending = 0  # records queued or being committed
@@ -110,9 +116,13 @@ class Committer:
         self._max_pending = sh.config.max_pending_messages
         self._max_pending_bytes = sh.config.max_pending_bytes
 
-    def submit(self, msgs: list[NewMessage], datas: list[bytes]) -> Future[list[StoreResult]]:
+    def submit(
+        self, msgs: list[NewMessage], datas: list[bytes], *, defer: bool = False
+    ) -> Future[list[StoreResult]]:
         """Queue the encoded records ``datas`` of ``msgs``, answering duplicates (in flight
-        or in the dedupe table) with the original's result."""
+        or in the dedupe table) with the original's result. ``defer``: do not wake the
+        committer thread; the caller commits soon (:meth:`commit_pending`) or wakes it
+        (:meth:`wake`)."""
         sh = self._sh
         batch = Batch(len(msgs))
         entries = batch.entries
@@ -152,7 +162,8 @@ class Committer:
                 self._queue.append(batch)
                 self.pending += n
                 self.pending_bytes += nbytes
-                self._cv.notify()
+                if not defer:
+                    self._cv.notify()
         if not (n or batch.deps):
             batch.complete()
         return batch.fut  # type: ignore[return-value]
@@ -178,6 +189,21 @@ class Committer:
             self._stop = True
             self._cv.notify_all()
 
+    def wake(self) -> None:
+        """Hand what deferred submits queued to the committer thread."""
+        with self._cv:
+            if self._queue:
+                self._cv.notify()
+
+    def commit_pending(self) -> None:
+        """Commit everything queued as one group on the calling thread; on return every
+        submit made before the call is complete (durable, or failed)."""
+        with self._commit_lock:
+            with self._cv:
+                group, self._queue = self._queue, []
+            if group:
+                self._commit_group(group)
+
     def run(self) -> None:
         """The committer thread."""
         while True:
@@ -186,12 +212,14 @@ class Committer:
                     self._cv.wait()
                 if not self._queue:
                     return
-                group, self._queue = self._queue, []
-            try:
-                self._commit(group)
-            except BaseException as exc:  # never leave a future hanging
-                log.exception("group commit failed")
-                self._fail(group, StoreError(f"commit failed: {exc}"))
+            self.commit_pending()
+
+    def _commit_group(self, group: list[Batch]) -> None:
+        try:
+            self._commit(group)
+        except BaseException as exc:  # never leave a future hanging
+            log.exception("group commit failed")
+            self._fail(group, StoreError(f"commit failed: {exc}"))
 
     def _fail(self, group: list[Batch], error: BaseException) -> None:
         with self._sh.submit_lock:

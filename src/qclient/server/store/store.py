@@ -229,6 +229,7 @@ class DelayStore:
         *,
         validated: bool = False,
         topics: Iterable[str] | None = None,
+        defer: bool = False,
     ) -> Future[list[StoreResult]]:
         """Store messages; the future completes once they are durable.
 
@@ -238,10 +239,21 @@ class DelayStore:
         still checked). ``topics`` (with ``validated``): the distinct topics of ``msgs``
         when the caller has collected them already (exactly those, no others). Raises
         InvalidRecordError (nothing of the call is stored), StoreBusyError, StoreError.
+        ``defer``: queue without waking the committer thread; the caller then calls
+        :meth:`commit_pending` (or :meth:`wake_committer`) soon.
         """
         self._check_open()
         datas = self._intake.encode(msgs, self._clock(), validated=validated, topics=topics)
-        return self._committer.submit(msgs, datas)
+        return self._committer.submit(msgs, datas, defer=defer)
+
+    def commit_pending(self) -> None:
+        """Commit what is queued as one group on the calling thread (blocks for its write
+        and fdatasync); every submit made before the call is complete on return."""
+        self._committer.commit_pending()
+
+    def wake_committer(self) -> None:
+        """Hand what ``submit(defer=True)`` queued to the committer thread."""
+        self._committer.wake()
 
     def cancel(self, topic: str, msg_id: str, deliver_at_ms: int) -> Future[CancelOutcome]:
         """Cancel a scheduled message (durable tombstone) if it has not fired yet."""
