@@ -121,6 +121,7 @@ _STORE_INT_KEYS = {
     "max_pending_messages",
     "sync_interval_ms",
     "checkpoint_interval_ms",
+    "offsets_write_ms",
     "retain_fired_ms",
 }
 
@@ -128,7 +129,7 @@ _STORE_INT_KEYS = {
 def _store_options(pairs: list[tuple[str, str]]) -> dict[str, int | bool]:
     out: dict[str, int | bool] = {}
     for key, value in pairs:
-        if key in ("fsync", "id_index"):
+        if key in ("fsync", "id_index", "visible_before_sync"):
             out[key] = value.lower() in ("1", "true", "yes", "on")
         elif key in _STORE_INT_KEYS:
             try:
@@ -138,7 +139,8 @@ def _store_options(pairs: list[tuple[str, str]]) -> dict[str, int | bool]:
         else:
             raise CliError(
                 f"unknown --store-option {key!r} "
-                f"(known: fsync, id_index, {', '.join(sorted(_STORE_INT_KEYS))})"
+                f"(known: fsync, id_index, visible_before_sync, "
+                f"{', '.join(sorted(_STORE_INT_KEYS))})"
             )
     return out
 
