@@ -131,6 +131,11 @@ send = shaped({"messages": st.lists(message, min_size=1, max_size=5)})
 cancel = shaped(
     {"topic": topics, "msg_id": msg_ids, "deliver_at_ms": st.one_of(st.builds(_now_ms), ints)}
 )
+lookup = shaped({"topic": topics, "msg_id": msg_ids})
+reschedule = shaped(
+    {"topic": topics, "msg_id": msg_ids},
+    {"delay_ms": st.one_of(st.integers(0, 10**6), ints), "deliver_at_ms": ints},
+)
 # wait_ms is never a valid positive value: a valid long poll would just wait.
 pull = shaped(
     {"topic": topics, "group": st.one_of(st.sampled_from(["g", "g-2"]), texts)},
@@ -220,6 +225,8 @@ def client() -> Iterator[httpx.Client]:
 ENDPOINTS = [
     (wire.BROKER_SEND, send),
     (wire.BROKER_CANCEL, cancel),
+    (wire.BROKER_LOOKUP, lookup),
+    (wire.BROKER_RESCHEDULE, reschedule),
     (wire.BROKER_PULL, pull),
     (wire.BROKER_TOPICS, create_topic),
 ]
