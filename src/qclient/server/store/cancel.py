@@ -22,6 +22,12 @@ _MSG = rec.KIND_MESSAGE
 _CANCEL = rec.KIND_CANCEL
 
 
+def _is_the_message(r: rec.Record, topic: str, msg_id: str) -> bool:
+    """``r`` is a scheduling record of this message (an id-hash or bucket hit can be
+    another message's)."""
+    return r.kind in rec.SCHEDULING_KINDS and r.msg_id == msg_id and r.topic == topic
+
+
 def locate(
     sh: Shared, topic: str, msg_id: str, deliver_at_ms: int
 ) -> tuple[int, rec.Record] | None:
@@ -30,23 +36,13 @@ def locate(
         pos = sh.dedupe.get(id_hash(msg_id))
     if pos is not None:
         r = mlog.read_record(pos)
-        if (
-            r is not None
-            and r.kind in rec.SCHEDULING_KINDS
-            and r.msg_id == msg_id
-            and r.topic == topic
-        ):
+        if r is not None and _is_the_message(r, topic, msg_id):
             return pos, r
     b = deliver_at_ms // sh.bucket_ms
     for d, p, size, kind in slog.find(b, deliver_at_ms=deliver_at_ms):
         if kind == _MSG and d == deliver_at_ms:
             r = mlog.read_record(p, size)
-            if (
-                r is not None
-                and r.kind in rec.SCHEDULING_KINDS
-                and r.msg_id == msg_id
-                and r.topic == topic
-            ):
+            if r is not None and _is_the_message(r, topic, msg_id):
                 return p, r
     return None
 
