@@ -175,13 +175,29 @@ def _add_auth(p: argparse.ArgumentParser) -> None:
     p.add_argument("--secret-key", help="secret key (or QCLIENT_SECRET_KEY)")
 
 
-def _add_logging(p: argparse.ArgumentParser, level: str) -> None:
-    p.add_argument("--log-level", type=str.upper, choices=_logging.LEVELS, default=level)
+def _add_logging(p: argparse.ArgumentParser, level: str | None) -> None:
+    p.add_argument(
+        "--log-level",
+        type=str.upper,
+        choices=_logging.LEVELS,
+        default=level,
+        help=f"default {level or 'ERROR, or QCLIENT_LOG_LEVEL'}",
+    )
     p.add_argument(
         "--log-format",
         choices=_logging.FORMATS,
         help="text lines or one JSON object per line (default text, or QCLIENT_LOG_FORMAT)",
     )
+
+
+def _add_client_logging(sub: argparse._SubParsersAction) -> None:
+    """``--log-level/--log-format`` on every command that has no such options yet."""
+    for p in sub.choices.values():
+        nested = [a for a in p._actions if isinstance(a, argparse._SubParsersAction)]
+        for n in nested:
+            _add_client_logging(n)
+        if not nested and not any("--log-level" in a.option_strings for a in p._actions):
+            _add_logging(p, None)
 
 
 def _add_server(p: argparse.ArgumentParser, port: int) -> None:
@@ -332,6 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
     _cli_lifecycle.add_commands(
         sub, _add_auth, _credentials, parse_duration, parse_datetime, CliError
     )
+    _add_client_logging(sub)
     return parser
 
 

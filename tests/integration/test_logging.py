@@ -84,3 +84,15 @@ def test_bad_log_format_is_a_usage_error(capsys):
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert "--log-format" in err and len(err.strip().splitlines()) == 1
+
+
+def test_every_command_takes_the_logging_options():
+    from qclient.cli import build_parser
+
+    parser = build_parser()
+    send = ["send", "--namesrv", "h:1", "--topic", "t", "--log-level", "debug", "b"]
+    args = parser.parse_args(send)
+    assert (args.log_level, args.log_format) == ("DEBUG", None)
+    args = parser.parse_args(["topic", "create", "--namesrv", "h:1", "--log-format", "json", "t"])
+    assert (args.log_level, args.log_format) == (None, "json")
+    assert parser.parse_args(["namesrv"]).log_level == "INFO"  # servers: INFO by default
