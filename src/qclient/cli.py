@@ -180,8 +180,7 @@ def _add_logging(p: argparse.ArgumentParser, level: str | None) -> None:
         "--log-level",
         type=str.upper,
         choices=_logging.LEVELS,
-        default=level,
-        help=f"default {level or 'ERROR, or QCLIENT_LOG_LEVEL'}",
+        help=f"default QCLIENT_LOG_LEVEL, else {level or 'ERROR'}",
     )
     p.add_argument(
         "--log-format",
@@ -206,6 +205,7 @@ def _add_server(p: argparse.ArgumentParser, port: int) -> None:
     p.add_argument("--tls-cert", help="serve HTTPS with this certificate (PEM)")
     p.add_argument("--tls-key", help="private key of --tls-cert (PEM)")
     _add_logging(p, "INFO")
+    p.set_defaults(default_log_level="INFO")
     p.add_argument("--ready-file", help=argparse.SUPPRESS)
     p.add_argument("--exit-with-parent", type=int, help=argparse.SUPPRESS)
 
@@ -355,7 +355,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    level = getattr(args, "log_level", None) or os.environ.get("QCLIENT_LOG_LEVEL", "ERROR")
+    level = str(
+        getattr(args, "log_level", None)
+        or os.environ.get("QCLIENT_LOG_LEVEL")
+        or getattr(args, "default_log_level", "ERROR")
+    )
     fmt = getattr(args, "log_format", None) or os.environ.get("QCLIENT_LOG_FORMAT", "text")
     try:
         _logging.configure(level, fmt)

@@ -95,4 +95,5 @@ def test_every_command_takes_the_logging_options():
     assert (args.log_level, args.log_format) == ("DEBUG", None)
     args = parser.parse_args(["topic", "create", "--namesrv", "h:1", "--log-format", "json", "t"])
     assert (args.log_level, args.log_format) == (None, "json")
-    assert parser.parse_args(["namesrv"]).log_level == "INFO"  # servers: INFO by default
+    server = parser.parse_args(["namesrv"])
+    assert (server.log_level, server.default_log_level) == (None, "INFO")
