@@ -161,6 +161,18 @@ class Broker:
         if self.authorizer is not None:
             self.authorizer.check_topics(request, topics)
 
+    def existing_topic(self, request: Request, topic: str) -> wire.TopicConfig:
+        """An existing topic the request may read; else the request's 403 or 404."""
+        self.authorize(request, {topic})
+        cfg = self.topics.get(topic)
+        if cfg is None:
+            raise ApiError(
+                404,
+                ErrorCode.TOPIC_NOT_FOUND,
+                f"topic {topic!r} does not exist on broker {self.config.name}",
+            )
+        return cfg
+
     # --- handlers -------------------------------------------------------------------
 
     async def send(self, request: Request) -> Response:
@@ -284,14 +296,7 @@ class Broker:
             raise ApiError(
                 400, ErrorCode.INVALID_REQUEST, f"wait_ms must be 0..{self.config.max_pull_wait_ms}"
             )
-        self.authorize(request, {body.topic})
-        cfg = self.topics.get(body.topic)
-        if cfg is None:
-            raise ApiError(
-                404,
-                ErrorCode.TOPIC_NOT_FOUND,
-                f"topic {body.topic!r} does not exist on broker {self.config.name}",
-            )
+        cfg = self.existing_topic(request, body.topic)
         if body.client_id is not None:
             return await group_pull(self, request, body, cfg)
         for queue_id, offset in body.commits.items():

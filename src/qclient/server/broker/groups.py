@@ -153,14 +153,7 @@ async def group_heartbeat(request: Any) -> Any:
             ErrorCode.INVALID_REQUEST,
             f"lease_ms must be {wire.MIN_GROUP_LEASE_MS}..{wire.MAX_GROUP_LEASE_MS}",
         )
-    broker.authorize(request, {body.topic})
-    cfg = broker.topics.get(body.topic)
-    if cfg is None:
-        raise ApiError(
-            404,
-            ErrorCode.TOPIC_NOT_FOUND,
-            f"topic {body.topic!r} does not exist on broker {broker.config.name}",
-        )
+    cfg = broker.existing_topic(request, body.topic)
     for q in body.want:
         _check_queue(q, cfg.read_queue_nums, "want queue")
     _check_commits(broker, body.topic, body.commits, cfg.read_queue_nums)
