@@ -23,6 +23,8 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from .protocol.limits import MAX_PROPERTIES
+
 __all__ = [
     "AVAILABLE",
     "end_batch",
@@ -122,7 +124,12 @@ if AVAILABLE:
             carrier["tracestate"] = sc.trace_state.to_header()
         for w in wires:
             props = w.properties
-            w.properties = {**props, **carrier} if props else carrier
+            if not props:
+                w.properties = dict(carrier)
+            elif len(props.keys() | carrier.keys()) <= MAX_PROPERTIES:
+                w.properties = {**props, **carrier}
+            # else: the caller's properties fill the limit; the message goes untraced
+            # rather than refused by the broker
 
     def _pass_on(wires: Sequence[Any]) -> None:
         """No tracer provider: no span, but the caller's own trace context (one extracted

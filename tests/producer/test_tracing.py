@@ -253,3 +253,17 @@ def test_global_tracer_provider(cluster):
         """.replace("NS", repr(cluster.namesrv))
     )
     assert out.strip() == "send tr-global"
+
+
+def test_full_properties_go_untraced_rather_than_refused(spans):
+    from qclient.protocol.limits import MAX_PROPERTIES
+    from qclient.protocol.wire import WireMessage
+
+    full = {f"k{i}": "v" for i in range(MAX_PROPERTIES)}
+    wire = WireMessage(topic="t", queue_id=0, msg_id="m1", body=b"x", properties=dict(full))
+    roomy = WireMessage(topic="t", queue_id=0, msg_id="m2", body=b"x", properties={"a": "b"})
+    ops = [_tracing.start_send(wire), _tracing.start_send(roomy)]
+    assert wire.properties == full  # at the limit: nothing added
+    assert set(roomy.properties) == {"a", "traceparent"}
+    _tracing.end_many(ops, [QClientError("x")] * 2, None)
+    assert len(_sends(spans)) == 2  # both sends still have their span
