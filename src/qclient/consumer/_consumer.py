@@ -25,24 +25,23 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from types import TracebackType
 from typing import TypeVar
 
-import httpx
-import msgspec
-
 from .. import _tracing
 from .._models import ReceivedMessage
 from ..errors import AuthError, ConsumerClosedError, InvalidMessageError, QClientError
 from ..protocol import wire
 from ..routing.nameserver import NameServerClient
 from ..routing.publish_info import master_addrs
-from ..transport.errors import classify_exception, error_for_code, parse_error_response
 from ..transport.http import Credentials, SyncHttp
 from ._allocate import allocate_averagely
+from ._rpc import call
 
 __all__ = ["Consumer"]
 
 log = logging.getLogger(__name__)
 
 _ROUTE_TTL = 5.0  # seconds between route look-ups while polling
+_COMPRESSED = wire.FLAG_COMPRESSED
+_MAX_PULL = 1024  # messages per pull at most (the broker's default limit)
 _CONVERGE_S = 0.1  # heartbeat this often while the queues held differ from the share
 _MIN_SESSION_S = wire.MIN_GROUP_LEASE_MS / 1000
 _MAX_SESSION_S = wire.MAX_GROUP_LEASE_MS / 1000
@@ -132,7 +131,7 @@ class Consumer:
             if self.auto_commit:
                 self._ack.update(self._delivered)
             if not self._buffer:
-                self._fetch(timeout)
+                self._fetch(timeout, max_messages)
             out = [self._buffer.popleft() for _ in range(min(max_messages, len(self._buffer)))]
             for m in out:
                 self._delivered[(m.broker_name, m.queue_id)] = m.offset + 1
@@ -235,22 +234,8 @@ class Consumer:
         wait_ms: int = 0,
         timeout: float | None = None,
     ) -> T | None:
-        """One request; ``None`` when the topic does not exist on that broker (yet)."""
-        body = wire.encode(req, wire.MSGPACK)
-        limit = self._timeout if timeout is None else timeout
-        try:
-            resp = self._http.request("POST", addr, path, body, timeout=limit + wait_ms / 1000)
-        except httpx.HTTPError as exc:
-            raise classify_exception(exc, broker=broker, timeout=limit)[1] from None
-        if resp.status == 404:
-            return None
-        if resp.status != 200:
-            code, message = parse_error_response(resp)
-            raise error_for_code(code, message, broker=broker, topic=self.topic, status=resp.status)
-        try:
-            return wire.decode(resp.content, typ, resp.media_type)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            raise QClientError(f"broker {broker}: malformed response: {exc}") from None
+        limit = (self._timeout if timeout is None else timeout) + wait_ms / 1000
+        return call(self._http, broker, addr, path, req, typ, topic=self.topic, timeout=limit)
 
     def _pending_commits(self, broker: str) -> dict[int, int]:
         owned = self._owned.get(broker, set())
@@ -384,15 +369,23 @@ class Consumer:
     # --- fetching -------------------------------------------------------------------
 
     def _pull(
-        self, name: str, addr: str, queues: dict[int, int], commits: dict[int, int], wait_ms: int
+        self,
+        name: str,
+        addr: str,
+        queues: dict[int, int],
+        commits: dict[int, int],
+        wait_ms: int,
+        size: int,
     ) -> wire.PullResponse:
         req = wire.PullRequest(
-            self.topic, self.group, 256, wait_ms, commits, client_id=self.client_id, queues=queues
+            self.topic, self.group, size, wait_ms, commits, client_id=self.client_id, queues=queues
         )
         resp = self._request(name, addr, wire.BROKER_PULL, req, wire.PullResponse, wait_ms)
         return resp if resp is not None else wire.PullResponse(name, [], {}, sorted(queues))
 
-    def _fetch(self, timeout: float) -> None:
+    def _fetch(self, timeout: float, max_messages: int) -> None:
+        # a pull asks for at least 256 (what one poll does not take stays buffered)
+        size = max(256, min(max_messages, _MAX_PULL))
         deadline = time.monotonic() + max(0.0, timeout)
         while True:
             now = time.monotonic()
@@ -410,7 +403,7 @@ class Consumer:
             for name in todo:
                 queues = {q: self._pos.get((name, q), -1) for q in self._owned[name]}
                 commits = self._pending_commits(name)
-                args = (name, self._brokers[name], queues, commits, int(wait_s * 1000))
+                args = (name, self._brokers[name], queues, commits, int(wait_s * 1000), size)
                 if direct:
                     fut: Future[wire.PullResponse] = Future()
                     try:
@@ -466,27 +459,38 @@ class Consumer:
 
     def _accept(self, broker: str, resp: wire.PullResponse, queues: dict[int, int]) -> None:
         owned = self._owned.get(broker, set())
+        pos = self._pos
+        append = self._buffer.append
+        accepted: dict[int, bool] = {}  # per queue, decided at its first message
+        last: dict[int, int] = {}  # per queue, the offset of its last message here
         for m in resp.messages:
-            key = (broker, m.queue_id)
-            if m.queue_id not in owned or m.queue_id not in queues:
-                continue  # released while the pull was in flight: the next owner reads it
-            expected = self._pos.get(key, -1)
-            if expected != queues[m.queue_id] and expected != m.offset:
-                continue  # the queue was dropped and taken again meanwhile
-            self._pos[key] = m.offset + 1
-            body = zlib.decompress(m.body) if m.flag & wire.FLAG_COMPRESSED else m.body
-            self._buffer.append(
+            q = m.queue_id
+            ok = accepted.get(q)
+            if ok is None:
+                # not owned: released while the pull was in flight (the next owner reads
+                # it); position moved: the queue was dropped and taken again meanwhile
+                expected = pos.get((broker, q), -1)
+                ok = accepted[q] = q in owned and q in queues and expected in (queues[q], m.offset)
+            if not ok:
+                continue
+            body = m.body
+            if m.flag & _COMPRESSED:
+                body = zlib.decompress(body)
+            append(
                 ReceivedMessage(
-                    msg_id=m.msg_id,
-                    topic=m.topic,
-                    body=body,
-                    key=m.key,
-                    tags=m.tags,
-                    properties=dict(m.properties or {}),
-                    deliver_at_ms=m.deliver_at_ms,
-                    fired_at_ms=m.fired_at_ms,
-                    broker_name=broker,
-                    queue_id=m.queue_id,
-                    offset=m.offset,
+                    m.msg_id,
+                    m.topic,
+                    body,
+                    m.key,
+                    m.tags,
+                    dict(m.properties) if m.properties else {},
+                    m.deliver_at_ms,
+                    m.fired_at_ms,
+                    broker,
+                    q,
+                    m.offset,
                 )
             )
+            last[q] = m.offset
+        for q, off in last.items():
+            pos[(broker, q)] = off + 1
