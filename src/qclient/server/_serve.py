@@ -271,7 +271,7 @@ class _Connection(asyncio.Protocol):
         for name, value in self._headers:
             if name.lower() == "content-type":
                 ct = value.partition(";")[0].strip().lower()
-                return wire.MSGPACK if ct == wire.MSGPACK else wire.JSON
+                return wire.media_type(ct)
         return wire.JSON
 
     def _start(self, request: Request, keep_alive: bool) -> None:
