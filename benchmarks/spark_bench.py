@@ -3,6 +3,8 @@ the "qclient" data source (Arrow writer, send_batch per chunk) vs the pandas UDF
 (``spark_udfs.send_delayed_udf``) vs a naive per-row Python UDF (``send_delayed`` per
 row, producer cached per worker). Rows/s acknowledged by the brokers (durable), and the
 ratios. Every row is a delayed message (10-20 min ahead, so nothing fires meanwhile).
+Then the same data source write from a driver on a standalone cluster (a master and a
+worker with 2 cores started from the pyspark package; executors in JVMs of their own).
 
 Steady state, as a long-running pipeline sees it: a warm-up write (``--warm-rows``) first
 lets the JVM compile the row-generation and Arrow paths (the first 200k rows after
@@ -11,7 +13,7 @@ start-up cost the JVM ~3x the CPU of later ones), then the data source is timed
 
     python -m benchmarks.spark_bench [--json] [--smoke] [--rows N] [--udf-rows N]
                                      [--naive-rows N] [--partitions P] [--repeat R]
-                                     [--warm-rows N]
+                                     [--warm-rows N] [--no-standalone]
 """
 
 from __future__ import annotations
@@ -92,6 +94,64 @@ def _timed(fn: Any, brokers: set[int]) -> tuple[float, float, float]:
     return wall, _cpu(None, brokers) - s0, _cpu(brokers, set()) - b0
 
 
+def standalone_run(
+    namesrv: str, rows: int, partitions: int, repeat: int, warm_rows: int, brokers: set[int]
+) -> dict[str, Any]:
+    """The same data source write from a driver on a standalone cluster (master, worker
+    and executors as processes of their own, the SDK shipped with ``addPyFile``)."""
+    import tempfile
+    from pathlib import Path
+
+    from pyspark.sql import SparkSession
+
+    import spark_udfs
+    from benchmarks._spark_cluster import StandaloneSpark, sdk_zip
+
+    with (
+        tempfile.TemporaryDirectory(prefix="spark-bench-") as tmp,
+        StandaloneSpark(Path(tmp), cores=2, memory="2g", quick_jvm=False) as cluster,
+    ):
+        spark = (
+            SparkSession.builder.master(cluster.master_url)
+            .appName("qclient-spark-bench-standalone")
+            .config("spark.driver.host", "127.0.0.1")
+            .config("spark.driver.bindAddress", "127.0.0.1")
+            .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
+            .config("spark.executor.memory", "1g")
+            .getOrCreate()
+        )
+        try:
+            spark.sparkContext.setLogLevel("ERROR")
+            spark.sparkContext.addPyFile(str(sdk_zip(Path(tmp))))
+            spark_udfs.register(spark)
+
+            def write(n: int) -> None:
+                (
+                    _rows(spark, n, partitions)
+                    .write.format("qclient")
+                    .option("namesrv", namesrv)
+                    .option("topic", "bench_standalone")
+                    .mode("append")
+                    .save()
+                )
+
+            write(warm_rows)
+            runs = [_timed(lambda: write(rows), brokers) for _ in range(repeat)]
+        finally:
+            spark.stop()
+    wall, spark_cpu, broker_cpu = sorted(runs)[len(runs) // 2]
+    return {
+        "rows": rows,
+        "rows_per_s": round(rows / wall),
+        "runs_rows_per_s": [round(rows / r[0]) for r in runs],
+        "cpu_us_per_row": {
+            "spark": round(spark_cpu / rows * 1e6, 1),
+            "brokers": round(broker_cpu / rows * 1e6, 1),
+        },
+    }
+
+
 def run(
     rows: int,
     udf_rows: int,
@@ -101,6 +161,7 @@ def run(
     smoke: bool = False,
     repeat: int = 3,
     warm_rows: int = 100_000,
+    standalone: bool = True,
 ) -> dict[str, Any]:
     from pyspark.sql import SparkSession
 
@@ -175,6 +236,12 @@ def run(
             t_ds, spark_ds, broker_ds = sorted(ds_runs)[len(ds_runs) // 2]
             t_udf, spark_udf, broker_udf = _timed(lambda: pandas_udf(udf_rows), brokers)
             t_naive, spark_nv, broker_nv = _timed(lambda: per_row(naive_rows), brokers)
+            spark.stop()  # one SparkContext per process: the standalone driver is next
+            cluster_res = (
+                standalone_run(ns, rows, partitions, repeat, warm_rows, brokers)
+                if standalone
+                else None
+            )
     finally:
         spark.stop()
     ds, pu, nv = rows / t_ds, udf_rows / t_udf, naive_rows / t_naive
@@ -201,6 +268,7 @@ def run(
                 "brokers": round(broker_nv / naive_rows * 1e6, 1),
             },
         },
+        "standalone": cluster_res,
         "ratio_datasource_to_per_row": round(ds / nv, 1),
         "ratio_pandas_udf_to_per_row": round(pu / nv, 1),
         "targets": [
@@ -209,6 +277,12 @@ def run(
                 "value": round(ds),
                 "target": ">= 50000",
                 "met": ds >= 50_000,
+            },
+            {
+                "name": "pandas UDF rows/s",
+                "value": round(pu),
+                "target": ">= 40000",
+                "met": pu >= 40_000,
             },
             {
                 "name": "data source / per-row UDF",
@@ -238,6 +312,11 @@ def main(argv: list[str] | None = None) -> int:
         "--warm-rows", type=int, default=100_000, help="rows of the warm-up write (JVM JIT)"
     )
     ap.add_argument(
+        "--no-standalone",
+        action="store_true",
+        help="skip the standalone-cluster run (master + worker processes; not in --smoke)",
+    )
+    ap.add_argument(
         "--option",
         action="append",
         default=[],
@@ -260,6 +339,7 @@ def main(argv: list[str] | None = None) -> int:
         args.smoke,
         max(1, args.repeat),
         args.warm_rows,
+        standalone=not (args.smoke or args.no_standalone),
     )
     if args.smoke:
         del res["targets"]  # tiny N measures start-up, not throughput
@@ -275,6 +355,14 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("datasource", "pandas_udf", "per_row_udf"):
         print(
             f"CPU per row, {name}: Spark {cpu[name]['spark']} us, brokers {cpu[name]['brokers']} us"
+        )
+    sa = res["standalone"]
+    if sa is not None:
+        sa_runs = ", ".join(f"{r:,}" for r in sa["runs_rows_per_s"])
+        print(
+            f"standalone    {sa['rows']:>8} rows  {sa['rows_per_s']:>8} rows/s  (median; runs: "
+            f"{sa_runs}); CPU per row: Spark {sa['cpu_us_per_row']['spark']} us, "
+            f"brokers {sa['cpu_us_per_row']['brokers']} us"
         )
     print(
         f"data source / per-row: {res['ratio_datasource_to_per_row']}x, "

@@ -27,6 +27,7 @@ from spark_udfs._sink import (
     SinkSchemaError,
     SinkWriteError,
     resembled_column,
+    send_chunked,
     send_with_retries,
     summarize,
     summary_line,
@@ -198,6 +199,47 @@ def test_binary_values_and_row_positions_continue_across_batches() -> None:
 def test_bad_rows_are_clear_errors(cols: dict[str, Any], needle: str) -> None:
     with pytest.raises(SinkSchemaError, match=needle):
         _sender(ScriptedProducer()).messages(pa.RecordBatch.from_pydict(cols))
+
+
+# --- chunked sends (the pandas UDF) ------------------------------------------------
+
+
+@pytest.mark.parametrize("in_flight", [1, 3])
+def test_send_chunked_keeps_input_order_and_resends(in_flight: int) -> None:
+    from qclient import MessageBatch
+
+    prod = ScriptedProducer({"m4": [BrokerUnavailableError("refused", broker_name="b1")]})
+    batch = MessageBatch("t", [f"v{i}" for i in range(10)], msg_ids=[f"m{i}" for i in range(10)])
+    outcomes, resent = send_chunked(
+        prod, batch, rows_per_send=3, max_in_flight=in_flight, retries=2, backoff=0
+    )
+    assert [o.msg_id for o in outcomes if isinstance(o, SendResult)] == [f"m{i}" for i in range(10)]
+    assert resent == 1
+    assert sorted(len(c) for c in prod.calls) == [1, 1, 3, 3, 3]  # 4 chunks + the re-send
+    assert sorted(prod.stored) == sorted(f"m{i}" for i in range(10))
+
+
+def test_udf_body_sends_each_row_and_reports_per_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    import pandas as pd
+
+    from spark_udfs import _udf
+
+    opts = parse_options(
+        {"namesrv": "127.0.0.1:1", "topic": "t", "rows_per_send": "4", "write_retries": "0"}
+    )
+    prod = ScriptedProducer()
+    values = pd.Series([f"v{i}" for i in range(10)])
+    delays = pd.Series([None, *range(1, 10)], dtype="float64")  # a null: NaN in pandas
+    monkeypatch.setattr(_udf, "get_producer", lambda options: prod)
+    out = _udf.send_series(opts, "udf-test", values, delays)
+    assert out["status"].tolist() == ["SEND_OK"] * 10
+    assert out["error"].isna().all()
+    sent = {m.msg_id: m for m in prod.stored.values()}
+    assert [sent[i].body for i in out["msg_id"]] == [f"v{i}" for i in range(10)]
+    assert sent[out["msg_id"][0]].delay is None
+    assert [sent[i].delay for i in out["msg_id"][1:]] == [
+        timedelta(milliseconds=d) for d in range(1, 10)
+    ]
 
 
 # --- column conventions ------------------------------------------------------------

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -33,7 +34,10 @@ from tests.integration.helpers import drain
 
 from qclient import LocalCluster, ReceivedMessage
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow]
+# A quiet 2-core machine runs each deployment's app in about a minute; a loaded one
+# (several test suites at once) can take five.
+APP_TIMEOUT = 480
+pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(APP_TIMEOUT + 120)]
 
 APP = Path(__file__).resolve().parent / "spark_app.py"
 
@@ -67,15 +71,30 @@ def brokers() -> Iterator[LocalCluster]:
         yield c
 
 
-def _run_app(argv: list[str], env: dict[str, str], deployment: str, **kw: Any) -> AppRun:
-    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=400, **kw)
+def _run_app(argv: list[str], env: dict[str, str], deployment: str) -> AppRun:
+    """Run the application to its end; on a timeout or an error, kill its process group
+    (the driver JVM and the Python driver it started)."""
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=APP_TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
     results = {}
-    for line in proc.stdout.splitlines():
+    for line in stdout.splitlines():
         if line.startswith("{"):
             obj = json.loads(line)
             results[obj.pop("scenario")] = obj
-    assert proc.returncode == 0, f"the app failed ({proc.returncode}):\n{proc.stderr[-4000:]}"
-    return AppRun(deployment, "", "", results, proc.stderr)
+    assert proc.returncode == 0, f"the app failed ({proc.returncode}):\n{stderr[-4000:]}"
+    return AppRun(deployment, "", "", results, stderr)
 
 
 @pytest.fixture(scope="module", params=["standalone", "connect"])
@@ -103,20 +122,9 @@ def app(
         with StandaloneSpark(work / "cluster") as cluster:
             argv = [
                 str(spark_home() / "bin" / "spark-submit"),
-                "--master",
-                cluster.master_url,
+                *cluster.submit_args(),
                 "--py-files",
                 str(zip_path),
-                "--driver-memory",
-                "512m",
-                "--conf",
-                "spark.executor.memory=512m",
-                "--conf",
-                "spark.driver.host=127.0.0.1",
-                "--conf",
-                "spark.ui.enabled=false",
-                "--conf",
-                "spark.sql.shuffle.partitions=2",
                 *args,
             ]
             # the driver and the executors import the SDK from the zip only
