@@ -70,8 +70,11 @@ def activate(spark: SparkSession) -> None:
 
     Spark (4.3) finds Python data sources through the thread's active session; a thread
     other than the one that built the session has none, and ``format("qclient")`` then
-    fails with DATA_SOURCE_NOT_FOUND even though the source is registered.
+    fails with DATA_SOURCE_NOT_FOUND even though the source is registered. A Spark
+    Connect session needs nothing: the server resolves the source for it.
     """
+    if not hasattr(spark, "_jsparkSession"):  # Spark Connect: no JVM on this side
+        return
     jvm = spark.sparkContext._jvm
     assert jvm is not None
     jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)

@@ -57,6 +57,7 @@ def main() -> int:
     if not args.remote:
         spark.sparkContext.setLogLevel("WARN")
     spark_udfs.register(spark)
+    spark_udfs.activate(spark)  # a no-op through Spark Connect
     _emit("session", ok=True, seconds=round(time.monotonic() - t0, 1))
     ns, prefix = args.namesrv, args.prefix
 
