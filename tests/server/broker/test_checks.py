@@ -118,6 +118,37 @@ def test_a_plain_batch_takes_the_fast_path() -> None:
             "messages[0]: give delay_ms or deliver_at_ms, not both",
         ),
         (
+            WireMessage("t", 0, "m", b"", key="k" * 1025),
+            400,
+            ErrorCode.INVALID_MESSAGE,
+            "messages[0].key longer than 1024 characters",
+        ),
+        (
+            WireMessage("t", 0, "m", b"", tags="t" * 257),
+            400,
+            ErrorCode.INVALID_MESSAGE,
+            "messages[0].tags longer than 256 characters",
+        ),
+        (
+            WireMessage("t", 0, "m", b"", properties={str(i): "" for i in range(65)}),
+            400,
+            ErrorCode.INVALID_MESSAGE,
+            "messages[0].properties has more than 64 entries",
+        ),
+        (
+            WireMessage("t", 0, "m", b"", properties={"k" * 257: ""}),
+            400,
+            ErrorCode.INVALID_MESSAGE,
+            "messages[0].properties entry too long",
+        ),
+        (
+            WireMessage("t", 0, "m", b"", deliver_at_ms=-1),
+            400,
+            ErrorCode.INVALID_DELAY,
+            "messages[0].deliver_at_ms is more than 86400000 ms ahead (the broker's maximum "
+            "delay) or negative",
+        ),
+        (
             WireMessage("t", 0, "m", b"", delay_ms=-1),
             400,
             ErrorCode.INVALID_DELAY,

@@ -26,6 +26,48 @@ _DELIVER_AT_MS = attrgetter("deliver_at_ms")
 _valid_topic = limits.TOPIC_RE.match
 
 
+def _braces(text: str) -> str:
+    return text.replace("{", "{{").replace("}", "}}")
+
+
+_BAD = (400, ErrorCode.INVALID_MESSAGE)
+_DELAY = (400, ErrorCode.INVALID_DELAY)
+#: each rule's status, error code and one line (``str.format`` fields: where, topic, size,
+#: max_size, delay, max_delay)
+_ERRORS: dict[str, tuple[int, str, str]] = {
+    Rule.TOPIC: (
+        400,
+        ErrorCode.INVALID_TOPIC,
+        "{where}.topic {topic!r} must match " + _braces(limits.TOPIC_PATTERN),
+    ),
+    Rule.MSG_ID: (
+        *_BAD,
+        f"{{where}}.msg_id must be 1-{limits.MAX_MSG_ID_CHARS} printable ASCII characters",
+    ),
+    Rule.BODY_SIZE: (
+        413,
+        ErrorCode.MESSAGE_TOO_LARGE,
+        "{where}.body is {size} bytes, the limit is {max_size}",
+    ),
+    Rule.QUEUE_ID: (*_BAD, "{where}.queue_id out of range"),
+    Rule.KEY: (*_BAD, f"{{where}}.key longer than {limits.MAX_KEY_CHARS} characters"),
+    Rule.TAGS: (*_BAD, f"{{where}}.tags longer than {limits.MAX_TAGS_CHARS} characters"),
+    Rule.PROPERTY_COUNT: (
+        *_BAD,
+        f"{{where}}.properties has more than {limits.MAX_PROPERTIES} entries",
+    ),
+    Rule.PROPERTY_LENGTH: (*_BAD, "{where}.properties entry too long"),
+    Rule.FLAG: (*_BAD, "{where}.flag has unknown bits"),
+    Rule.BOTH_DELAYS: (*_DELAY, "{where}: give delay_ms or deliver_at_ms, not both"),
+    Rule.DELAY: (*_DELAY, "{where}.delay_ms must be 0..{max_delay}, got {delay}"),
+    Rule.DELIVER_AT: (
+        *_DELAY,
+        "{where}.deliver_at_ms is more than {max_delay} ms ahead "
+        "(the broker's maximum delay) or negative",
+    ),
+}
+
+
 class MessageChecks:
     """The message checks of one broker's limits."""
 
@@ -62,46 +104,19 @@ class MessageChecks:
 
     def _error(self, rule: str, where: str, m: WireMessage) -> ApiError:
         """The HTTP error (status, code, one line) of a broken rule."""
-        bad = ErrorCode.INVALID_MESSAGE
-        if rule == Rule.TOPIC:
-            return ApiError(
-                400,
-                ErrorCode.INVALID_TOPIC,
-                f"{where}.topic {m.topic[:140]!r} must match {limits.TOPIC_PATTERN}",
-            )
-        if rule == Rule.BODY_SIZE:
-            return ApiError(
-                413,
-                ErrorCode.MESSAGE_TOO_LARGE,
-                f"{where}.body is {len(m.body)} bytes, the limit is {self.max_size}",
-            )
-        if rule == Rule.BOTH_DELAYS:
-            return ApiError(
-                400, ErrorCode.INVALID_DELAY, f"{where}: give delay_ms or deliver_at_ms, not both"
-            )
-        if rule == Rule.DELAY:
-            return ApiError(
-                400,
-                ErrorCode.INVALID_DELAY,
-                f"{where}.delay_ms must be 0..{self.max_delay_ms}, got {m.delay_ms}",
-            )
-        if rule == Rule.DELIVER_AT:
-            return ApiError(
-                400,
-                ErrorCode.INVALID_DELAY,
-                f"{where}.deliver_at_ms is more than {self.max_delay_ms} ms ahead "
-                "(the broker's maximum delay) or negative",
-            )
-        message = {
-            Rule.MSG_ID: f"msg_id must be 1-{limits.MAX_MSG_ID_CHARS} printable ASCII characters",
-            Rule.QUEUE_ID: "queue_id out of range",
-            Rule.KEY: f"key longer than {limits.MAX_KEY_CHARS} characters",
-            Rule.TAGS: f"tags longer than {limits.MAX_TAGS_CHARS} characters",
-            Rule.PROPERTY_COUNT: f"properties has more than {limits.MAX_PROPERTIES} entries",
-            Rule.PROPERTY_LENGTH: "properties entry too long",
-            Rule.FLAG: "flag has unknown bits",
-        }[rule]
-        return ApiError(400, bad, f"{where}.{message}")
+        status, code, line = _ERRORS[rule]
+        return ApiError(
+            status,
+            code,
+            line.format(
+                where=where,
+                topic=m.topic[:140],
+                size=len(m.body),
+                max_size=self.max_size,
+                delay=m.delay_ms,
+                max_delay=self.max_delay_ms,
+            ),
+        )
 
     def batch(
         self,
