@@ -27,6 +27,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from benchmarks._broker_http import post_bodies
 from benchmarks.broker_bench import BATCH, _encode_batches
 from benchmarks.peers.workload import percentile
@@ -115,8 +117,17 @@ def bench_lateness(
         consumer.poll(1024, timeout=0.2)
         acked, deliver = _schedule(addr, topic, rate, seconds)
         fired: list[float] = []
+        broker = psutil.Process(cluster.brokers[0].pid)
+        time.sleep(max(0.0, (deliver[0] - _now_ms()) / 1000 - 0.2))
+        broker_cpu, client_cpu = sum(broker.cpu_times()[:2]), time.process_time()
         lateness, ids = _consume(consumer, acked, deliver[-1] + 15_000, fired)
-    return {"due_rate_msgs_per_s": rate, **_summary(lateness, acked, ids, fired)}, lateness
+        broker_cpu = sum(broker.cpu_times()[:2]) - broker_cpu
+        client_cpu = time.process_time() - client_cpu
+    res = {"due_rate_msgs_per_s": rate, **_summary(lateness, acked, ids, fired)}
+    # CPU per message while firing and consuming: what the machine's load cannot inflate
+    res["broker_cpu_us_per_msg"] = broker_cpu / max(1, acked) * 1e6
+    res["client_cpu_us_per_msg"] = client_cpu / max(1, acked) * 1e6
+    return res, lateness
 
 
 def bench_kill(cluster: LocalCluster, rate: int, seconds: float) -> dict[str, Any]:
@@ -198,7 +209,13 @@ def _sampled(values: list[float]) -> list[float]:
 def _report(label: str, r: dict[str, Any]) -> None:
     print(
         f"{label} @{r['due_rate_msgs_per_s']:,}/s: received p50 {r['lateness_p50_ms']:.2f} ms, "
-        f"p99 {r['lateness_p99_ms']:.2f} ms, early {r['early']}, lost {r['lost']}",
+        f"p99 {r['lateness_p99_ms']:.2f} ms, early {r['early']}, lost {r['lost']}"
+        + (
+            f"; CPU/msg broker {r['broker_cpu_us_per_msg']:.1f} us, "
+            f"consumer {r['client_cpu_us_per_msg']:.1f} us"
+            if "broker_cpu_us_per_msg" in r
+            else ""
+        ),
         file=sys.stderr,
     )
 

@@ -15,8 +15,8 @@ INDEX = struct.Struct("<QI")
 
 
 def test_visible_and_listeners_woken_before_the_fsync(make_store) -> None:
-    # a long sync interval: the second fire waits ~2 s for its group fsync
-    s = make_store(fsync=True, sync_interval_ms=2000)
+    # a long sync interval: the second fire waits ~1 s for its group fsync
+    s = make_store(fsync=True, sync_interval_ms=1000)
     woken: list[set[str]] = []
     s.add_fire_listener(woken.append)
     s.submit([NewMessage("t", 0, "m0", b"x", wall_clock_ms())]).result(10)
