@@ -73,28 +73,24 @@ class Intake:
                 raise InvalidRecordError("body must be bytes")
             body = bytes(body)
         key, tags, props, flag = m.key, m.tags, m.properties, m.flag
-        if not (
-            (key is None or type(key) is str)
-            and (tags is None or type(tags) is str)
-            and (props is None or type(props) is dict)
-            and type(flag) is int
-        ):
-            raise InvalidRecordError("bad message: key, tags, properties or flag of a wrong type")
-        rule = check_row(
-            topic,
-            mid,
-            len(body),
-            q,
-            key,
-            tags,
-            props,
-            flag,
-            None,
-            d,
-            now,
-            max_delay_ms=self._max_ahead_ms,
-            max_size=self._max_record,
-        )
+        try:
+            rule = check_row(
+                topic,
+                mid,
+                len(body),
+                q,
+                key,
+                tags,
+                props,
+                flag,
+                None,
+                d,
+                now,
+                max_delay_ms=self._max_ahead_ms,
+                max_size=self._max_record,
+            )
+        except (TypeError, AttributeError):  # a key, tags, properties or flag of a wrong type
+            raise InvalidRecordError("bad message: a field of a wrong type") from None
         if rule is not None:
             raise InvalidRecordError(_ERRORS[rule])
         if topic not in self._topics_ok and len(self._topics_ok) < _MAX_TOPICS_REMEMBERED:
