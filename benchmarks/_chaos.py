@@ -45,6 +45,7 @@ class Ledger:
     acked: dict[str, tuple[int, str, float]] = field(default_factory=dict)  # deliver, broker, t
     sends: list[tuple[float, float, str]] = field(default_factory=list)  # t, latency ms, kind
     errors: list[tuple[float, str, str]] = field(default_factory=list)  # t, kind, error type
+    error_texts: list[str] = field(default_factory=list)  # the first lines, same order
     failed_messages: int = 0
     resent: set[str] = field(default_factory=set)
     recent: list[tuple[str, int]] = field(default_factory=list)  # ids to re-send on purpose
@@ -65,6 +66,7 @@ class Ledger:
         with self.lock:
             self.sends.append((start, (end - start) * 1000, kind))
             self.errors.append((end, kind, type(exc).__name__))
+            self.error_texts.append(str(exc).splitlines()[0][:200] if str(exc) else "")
             self.failed_messages += n
 
     def pick_resend(self, rng: random.Random, min_deliver_ms: int) -> tuple[str, int] | None:

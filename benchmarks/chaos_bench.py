@@ -282,10 +282,15 @@ def analyse(
 
     kinds = Counter(b.kind for b in bands)
     errors_by_fault: dict[str, int] = Counter()
-    for t, _kind, _err in ledger.errors:
+    error_samples = []
+    for (t, kind, _err), text in zip(ledger.errors, ledger.error_texts, strict=True):
         on = faults_at(bands, t, end, before=SEND_TIMEOUT + 0.5)
         if "all_down" in on:
             on = {"all_down"}  # every broker down: every send fails, whatever else is on
+        elif len(error_samples) < 20:
+            error_samples.append(
+                {"t_s": round(t, 2), "by": kind, "faults": sorted(on), "error": text}
+            )
         for k in on or {"none"}:
             errors_by_fault[k] += 1
     phases: dict[str, list[float]] = defaultdict(list)
@@ -338,6 +343,7 @@ def analyse(
         "errors_by_fault": dict(errors_by_fault),
         "errors_by_type": dict(Counter(e for _, _, e in ledger.errors)),
         "errors_per_kill": round(kill_errors / kills, 2) if kills else 0.0,
+        "error_samples": error_samples,
         "faults": dict(kinds),
         "send_latency_by_phase": {k: summary(v) for k, v in sorted(phases.items())},
         "recovery_s": {k: summary([x * 1000 for x in v]) for k, v in recovery.items()},
