@@ -103,16 +103,31 @@ class AmbiguousCopies:
             self._wake.clear()
 
     def _round(self) -> None:
+        """One pass over the pending copies, each broker's in its own thread (a hung
+        broker's cancel must not hold up the others' until their copies fire)."""
         with self._lock:
             copies = list(self._pending.values())
-        down: set[str] = set()  # brokers that did not answer in this round
-        now = self._clock_ms()
+        by_broker: dict[str, list[_Copy]] = {}
+        for c in copies:
+            by_broker.setdefault(c.broker, []).append(c)
+        if len(by_broker) == 1:
+            self._broker_round(copies)
+            return
+        threads = [
+            threading.Thread(target=self._broker_round, args=(cs,), daemon=True)
+            for cs in by_broker.values()
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    def _broker_round(self, copies: list[_Copy]) -> None:
+        """Cancel one broker's copies, in order, until it does not answer."""
         for c in copies:
             if self._closed:
                 return
-            if c.broker in down:
-                continue
-            if now > c.deliver_at_ms:
+            if self._clock_ms() > c.deliver_at_ms:
                 self._done(c, "too_late")
                 continue
             result = SendResult(c.msg_id, SendStatus.SEND_OK, c.broker, 0, c.deliver_at_ms, c.topic)
@@ -120,8 +135,7 @@ class AmbiguousCopies:
                 cancelled = self._cancel(result)
             except Exception as exc:  # the broker does not answer yet: next round
                 log.debug("cancel of copy %s on %s: %s", c.msg_id, c.broker, exc)
-                down.add(c.broker)
-                continue
+                return
             if cancelled:
                 self._done(c, "cancelled")
             else:
