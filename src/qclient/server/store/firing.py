@@ -59,7 +59,15 @@ class Firing:
                 if due:
                     break
                 nxt = w.next_due()
-                timeout = MAX_WAIT_S if nxt is None else min(MAX_WAIT_S, (nxt - now) / 1000)
+                if nxt is None:
+                    timeout = MAX_WAIT_S
+                else:
+                    # wake at the start of the due millisecond, not up to 1 ms into it:
+                    # the clock counts whole ms, the wait need not (wall clock ms start
+                    # on time_ns's ms boundaries; with another clock this only wakes early)
+                    t_ms, into_ns = divmod(time.time_ns(), 1_000_000)
+                    into_ms = into_ns / 1e6 + (1 if t_ms == now + 1 else 0)  # just ticked
+                    timeout = min(MAX_WAIT_S, (nxt - now - into_ms) / 1000)
                 if timeout > 0:
                     sh.fire_cv.wait(timeout)
         try:
