@@ -299,7 +299,8 @@ class Nemesis(threading.Thread):
             if "namesrv" in self._faulty:
                 return
             ns = self.cluster.namesrv_node
-            band = self._start("namesrv", "namesrv", ns.kill)
+            # a crash or a clean stop (it then unregisters nothing: brokers re-register)
+            band = self._start("namesrv", "namesrv", rng.choice([ns.kill, ns.stop]))
             self._pending.append((now + rng.uniform(2.0, 5.0), band, ns.start))
             return
         up = [b for b in self.cluster.brokers if b.name not in self._faulty]
