@@ -299,7 +299,7 @@ class Nemesis(threading.Thread):
             if "namesrv" in self._faulty:
                 return
             ns = self.cluster.namesrv_node
-            # a crash or a clean stop (it then unregisters nothing: brokers re-register)
+            # a crash or a clean stop
             band = self._start("namesrv", "namesrv", rng.choice([ns.kill, ns.stop]))
             self._pending.append((now + rng.uniform(2.0, 5.0), band, ns.start))
             return
