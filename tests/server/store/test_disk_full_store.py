@@ -3,6 +3,11 @@ DiskFullError, leaves nothing behind, and the store goes on once space returns."
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 from tests.integration.helpers import wait_until
 from tests.server.conftest import fill
@@ -78,3 +83,29 @@ def test_firing_on_a_full_disk_waits_for_space_and_loses_nothing(tmp_path, small
 
 def _visible(s: DelayStore) -> int:
     return sum(s.max_offset("t", q) for q in range(4))
+
+
+def test_file_size_limit_fails_the_group_cleanly(tmp_path) -> None:
+    """Without root (no tmpfs): RLIMIT_FSIZE in a child process makes writes past the
+    limit fail with EFBIG, which the store treats as a full disk."""
+    limit = 200_000
+    r = subprocess.run(
+        [sys.executable, "-m", "tests.server.store._fsize_child", str(tmp_path / "s"), str(limit)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).resolve().parents[3],
+        check=False,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert "no space left" in out["error"]
+    assert out["after"] == out["before"] <= limit  # the failed group left nothing behind
+    s = DelayStore(StoreConfig(data_dir=tmp_path / "s", bucket_ms=1000, fsync=False))
+    s.open()
+    try:
+        assert s.stats().get("torn_bytes_cut", 0) == 0
+        assert s.stats()["log_bytes"] == out["end"]
+        assert s.submit([NewMessage("t", 0, "small", b"x", 0)]).result(10)[0].duplicate
+    finally:
+        s.close()
