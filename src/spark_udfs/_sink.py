@@ -37,7 +37,6 @@ __all__ = [
     "SinkSchemaError",
     "SinkWriteError",
     "resembled_column",
-    "send_chunked",
     "send_with_retries",
     "summarize",
 ]
@@ -172,41 +171,6 @@ def send_with_retries(
         log.debug("re-sending %d messages (round %d)", len(retry), attempt)
         time.sleep(backoff * (2 ** (attempt - 1)))
         pending = retry
-    return outcomes, resent
-
-
-def send_chunked(
-    producer: Any,
-    messages: MessageBatch,
-    *,
-    rows_per_send: int,
-    max_in_flight: int,
-    retries: int,
-    backoff: float,
-) -> tuple[list[SendResult | QClientError], int]:
-    """``send_with_retries`` over chunks of ``rows_per_send``, up to ``max_in_flight`` of
-    them at once (threads: building a chunk's request overlaps the wait for another's
-    acknowledgement). Outcomes in input order, and the number of re-sent messages."""
-    n = len(messages)
-    if n <= rows_per_send:
-        return send_with_retries(producer, messages, retries=retries, backoff=backoff)
-    chunks = [messages[lo : lo + rows_per_send] for lo in range(0, n, rows_per_send)]
-
-    def one(chunk: MessageBatch) -> tuple[list[SendResult | QClientError], int]:
-        return send_with_retries(producer, chunk, retries=retries, backoff=backoff)
-
-    if max_in_flight <= 1:
-        results = [one(c) for c in chunks]
-    else:
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(max_in_flight, thread_name_prefix="qclient-sink") as pool:
-            results = list(pool.map(one, chunks))
-    outcomes: list[SendResult | QClientError] = []
-    resent = 0
-    for chunk_outcomes, chunk_resent in results:
-        outcomes.extend(chunk_outcomes)
-        resent += chunk_resent
     return outcomes, resent
 
 

@@ -27,7 +27,6 @@ from spark_udfs._sink import (
     SinkSchemaError,
     SinkWriteError,
     resembled_column,
-    send_chunked,
     send_with_retries,
     summarize,
     summary_line,
@@ -201,22 +200,7 @@ def test_bad_rows_are_clear_errors(cols: dict[str, Any], needle: str) -> None:
         _sender(ScriptedProducer()).messages(pa.RecordBatch.from_pydict(cols))
 
 
-# --- chunked sends (the pandas UDF) ------------------------------------------------
-
-
-@pytest.mark.parametrize("in_flight", [1, 3])
-def test_send_chunked_keeps_input_order_and_resends(in_flight: int) -> None:
-    from qclient import MessageBatch
-
-    prod = ScriptedProducer({"m4": [BrokerUnavailableError("refused", broker_name="b1")]})
-    batch = MessageBatch("t", [f"v{i}" for i in range(10)], msg_ids=[f"m{i}" for i in range(10)])
-    outcomes, resent = send_chunked(
-        prod, batch, rows_per_send=3, max_in_flight=in_flight, retries=2, backoff=0
-    )
-    assert [o.msg_id for o in outcomes if isinstance(o, SendResult)] == [f"m{i}" for i in range(10)]
-    assert resent == 1
-    assert sorted(len(c) for c in prod.calls) == [1, 1, 3, 3, 3]  # 4 chunks + the re-send
-    assert sorted(prod.stored) == sorted(f"m{i}" for i in range(10))
+# --- the pandas UDF's body ------------------------------------------------------------
 
 
 def test_udf_body_sends_each_row_and_reports_per_row(monkeypatch: pytest.MonkeyPatch) -> None:
