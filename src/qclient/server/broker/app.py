@@ -338,12 +338,18 @@ class Broker:
         # Fair share per queue first, then fill up from whichever has more.
         share = max(1, limit // len(offsets))
         size = 0  # bound the bytes of one answer too, not only its count
+        drained: set[int] = set()  # gave less than asked: nothing more to read now
         for rounds in (share, limit):
             for q in sorted(offsets):
                 room = min(rounds, limit - len(out))
                 if room <= 0 or size >= self.config.max_pull_bytes:
                     break
-                for f in self.store.pull(topic, q, offsets[q], room):
+                if q in drained:
+                    continue
+                got = self.store.pull(topic, q, offsets[q], room)
+                if len(got) < room:
+                    drained.add(q)
+                for f in got:
                     if out and size + len(f.body) > self.config.max_pull_bytes:
                         break
                     size += len(f.body)
