@@ -287,3 +287,27 @@ def test_broker_killed_while_firing_loses_nothing(cluster):
     # write (every 20 ms)
     assert dups <= 200, f"{dups} duplicates"
     assert member.early == 0
+
+
+def test_explicit_commit(cluster):
+    """``auto_commit=False``: only ``commit()`` commits; what was not committed comes
+    again to the next member."""
+    create_topic(cluster, "grpcommit")
+    ids = send(cluster, "grpcommit", 20, 0.1)
+
+    def take(n: int, commit: bool, wait: float = 15.0) -> list[str]:
+        got: list[str] = []
+        with Consumer(
+            cluster.namesrv, "grpcommit", "gc", session_timeout=SESSION, auto_commit=False
+        ) as c:
+            deadline = time.monotonic() + wait
+            while len(got) < n and time.monotonic() < deadline:
+                got += [m.msg_id for m in c.poll(n - len(got), timeout=0.5)]
+            if commit:
+                c.commit()
+        return got
+
+    first = take(20, commit=False)
+    assert set(first) == ids
+    assert set(take(20, commit=True)) == ids  # nothing was committed: all again
+    assert take(1, commit=False, wait=2.0) == []  # all committed now
