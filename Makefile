@@ -26,9 +26,10 @@ setup: $(VENV)/.full-$(SIG)
 demo: $(VENV)/.core-$(SIG)
 	$(BIN)/qclient demo
 
-## test: the whole suite (what CI runs)
+## test: the whole suite (what CI runs), three workers: most tests wait on real delays,
+## timeouts and processes, not on the CPU; the Spark tests share one worker (one JVM)
 test: setup
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 3 --dist loadgroup
 
 lint: setup
 	$(BIN)/ruff check src tests benchmarks examples

@@ -63,3 +63,11 @@ def topic(request: pytest.FixtureRequest) -> str:
 
     name = re.sub(r"[^A-Za-z0-9_]", "_", request.node.name)[:60]
     return f"{name}_{uuid.uuid4().hex[:6]}"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist, every Spark test runs in one worker (``--dist loadgroup``):
+    one shared SparkSession and one JVM at a time on a 2-core machine."""
+    for item in items:
+        if HERE in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.xdist_group("spark"))
