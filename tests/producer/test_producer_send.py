@@ -1,4 +1,4 @@
-"""Producer.send against respx brokers: one test per outcome rule of DESIGN.md §3."""
+"""Producer.send against respx brokers: one test per outcome rule of the fault policy."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Acceptance of the Spark sink against a real two-broker LocalCluster (issue 5)."""
+"""The Spark sink against a real two-broker LocalCluster in local[2]."""
 
 from __future__ import annotations
 
