@@ -124,6 +124,9 @@ class ProducerConfig:
     not_available_ms: tuple[int, ...] = field(default_factory=lambda: _fault_tables()[1])
     #: an isolating failure is looked up in the table as this much latency
     isolation_latency_ms: int = 10000
+    #: how each attempt's outcome updates the fault table (a ``qclient.fault.FaultPolicy``;
+    #: None: ``IsolationPolicy``, RocketMQ's rules)
+    fault_policy: Any = None
 
     def __post_init__(self) -> None:
         def positive(name: str, allow_zero: bool = False) -> None:

@@ -261,3 +261,32 @@ def test_detector_thread_runs_and_stops() -> None:
     finally:
         d.stop()
     assert not d.is_alive()
+
+
+def test_a_fault_policy_is_one_class_given_to_the_producer() -> None:
+    """A custom policy sees every attempt's outcome and alone decides the fault table."""
+    from qclient import Producer
+    from qclient.fault import FaultPolicy, Outcome
+
+    seen: list[tuple[str, Outcome]] = []
+
+    class NeverIsolate(FaultPolicy):
+        def apply(self, strategy, broker, latency_ms, outcome):  # type: ignore[no-untyped-def]
+            seen.append((broker, outcome))
+            strategy.update_fault_item(broker, latency_ms, False, True)
+
+    with Producer("127.0.0.1:1", start_detector_enable=False, fault_policy=NeverIsolate()) as p:
+        p._core.record("broker-a", 20.0, Outcome.TRANSPORT)
+        assert seen == [("broker-a", Outcome.TRANSPORT)]
+        (item,) = p.fault_items()
+        assert item.available  # the default policy isolates a transport failure for 10 s
+
+
+def test_the_default_policy_isolates_a_transport_failure() -> None:
+    from qclient import Producer
+    from qclient.fault import Outcome
+
+    with Producer("127.0.0.1:1", start_detector_enable=False) as p:
+        p._core.record("broker-a", 20.0, Outcome.TRANSPORT)
+        (item,) = p.fault_items()
+        assert not item.available

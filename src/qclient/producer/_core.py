@@ -110,6 +110,7 @@ class ProducerCore:
             latency_max_ms=cfg.latency_max_ms,
             not_available_ms=cfg.not_available_ms,
             isolation_latency_ms=cfg.isolation_latency_ms,
+            policy=cfg.fault_policy,
         )
         self.routes = RouteCache(cfg.route_refresh_interval, index_factory)
         self.stats = Stats()
