@@ -7,7 +7,7 @@ import os
 import struct
 from pathlib import Path
 
-from tests.store.conftest import visible, wait_until
+from tests.server.store.conftest import visible, wait_until
 
 from qclient.server.store import NewMessage, wall_clock_ms
 

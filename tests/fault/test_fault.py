@@ -7,6 +7,7 @@ import collections
 import threading
 
 import pytest
+from tests.producer.conftest import route
 
 from qclient.fault import (
     ContextIndex,
@@ -17,8 +18,6 @@ from qclient.fault import (
 )
 from qclient.fault.index import POSITIVE_MASK
 from qclient.routing import TopicPublishInfo
-
-from .conftest import route
 
 
 class Clock:

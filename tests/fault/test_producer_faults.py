@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import time
 
-from qclient import Producer
+from tests.producer.fakes import fake_cluster, wait_until
 
-from .fakes import fake_cluster, wait_until
+from qclient import Producer
 
 
 def test_hung_broker_costs_one_attempt_share_and_is_avoided() -> None:

@@ -7,12 +7,11 @@ import asyncio
 import httpx
 import pytest
 import respx
+from tests.producer.conftest import NS1, NS2, error_response, msgpack_response, route
 
 from qclient.errors import InvalidMessageError, NameServerUnavailableError, RouteNotFoundError
 from qclient.protocol.wire import BrokerInfo, BrokerList
 from qclient.routing import AsyncNameServerClient, NameServerClient
-
-from .conftest import NS1, NS2, error_response, msgpack_response, route
 
 pytestmark = pytest.mark.usefixtures("respx_transport")
 

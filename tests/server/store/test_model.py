@@ -9,11 +9,12 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from tests.store.conftest import FakeClock, pull_all, wait_until
+from tests.server.store.conftest import FakeClock, pull_all, wait_until
 
 from qclient.server.store import DelayStore, NewMessage, StoreConfig
 
-# more seeds for a bug hunt: STORE_MODEL_SEEDS=$(seq -s, 1 100) pytest tests/store/test_model.py
+# more seeds for a bug hunt:
+#   STORE_MODEL_SEEDS=$(seq -s, 1 100) pytest tests/server/store/test_model.py
 SEEDS = [int(s) for s in os.environ.get("STORE_MODEL_SEEDS", "1,2,3").split(",")]
 
 

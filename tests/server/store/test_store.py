@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tests.store.conftest import FakeClock, msg, pull_all, visible, wait_until
+from tests.server.store.conftest import FakeClock, msg, pull_all, visible, wait_until
 
 from qclient.server.store import (
     CancelOutcome,

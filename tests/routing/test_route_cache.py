@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import time
 
+from tests.producer.conftest import route
+from tests.producer.fakes import fake_cluster, wait_until
+
 from qclient import Producer
 from qclient.fault import ThreadLocalIndex
 from qclient.protocol.wire import BrokerData, QueueData, TopicRoute
 from qclient.routing import RouteCache, TopicPublishInfo
-
-from .conftest import route
-from .fakes import fake_cluster, wait_until
 
 
 class Clock:

@@ -1,6 +1,6 @@
 """Child process for the kill -9 tests: stores messages, prints what was acknowledged.
 
-Usage: python -m tests.store._crash_child DATA_DIR N DELAY_SPREAD_MS [stream]
+Usage: python -m tests.server.store._crash_child DATA_DIR N DELAY_SPREAD_MS [stream]
 (``stream``: message j is due ``j % DELAY_SPREAD_MS`` ms after the start, so a long run
 keeps submitting while earlier messages fire.)
 Prints ``ACK <first> <count>`` after each acknowledged batch, ``ACKED`` after all, then

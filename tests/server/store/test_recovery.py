@@ -12,7 +12,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from tests.store.conftest import FakeClock, msg, pull_all, visible, wait_until
+from tests.server.store.conftest import FakeClock, msg, pull_all, visible, wait_until
 
 from qclient.server.store import wall_clock_ms
 
@@ -186,7 +186,7 @@ def test_fully_fired_buckets_are_removed(make_store, tmp_path) -> None:
 def _child(data_dir: Path, n: int, spread_ms: int, *extra: str) -> subprocess.Popen[str]:
     args = [str(data_dir), str(n), str(spread_ms), *extra]
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.store._crash_child", *args],
+        [sys.executable, "-m", "tests.server.store._crash_child", *args],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         text=True,
