@@ -16,7 +16,7 @@ from tests.server.store.conftest import FakeClock, msg, pull_all, visible, wait_
 
 from qclient.server.store import wall_clock_ms
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_clean_restart_no_refire_no_loss(make_store, tmp_path) -> None:
