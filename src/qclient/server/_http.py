@@ -60,7 +60,36 @@ class ApiError(Exception):
 # --- request / response ---------------------------------------------------------------
 
 
-class Request(MutableMapping[str, Any]):
+class _State(MutableMapping[str, Any]):
+    """A dict of shared or per-request state on an object compared by identity (as
+    aiohttp's ``request["k"]`` / ``app["k"]``)."""
+
+    __slots__ = ()
+    _state: dict[str, Any]
+
+    def __getitem__(self, key: str) -> Any:
+        return self._state[key]
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self._state[key] = value
+
+    def __delitem__(self, key: str) -> None:
+        del self._state[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._state)
+
+    def __len__(self) -> int:
+        return len(self._state)
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+
+class Request(_State):
     """One parsed request; also a per-request dict (``request["k"]``) for middlewares."""
 
     __slots__ = (
@@ -127,29 +156,8 @@ class Request(MutableMapping[str, Any]):
         """The whole body (already received and bounded by the app's size limit)."""
         return self._body
 
-    def __getitem__(self, key: str) -> Any:
-        return self._state[key]
-
-    def __setitem__(self, key: str, value: Any) -> None:
-        self._state[key] = value
-
-    def __delitem__(self, key: str) -> None:
-        del self._state[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._state)
-
-    def __len__(self) -> int:
-        return len(self._state)
-
     def __repr__(self) -> str:
         return f"<Request {self.method} {self.path}>"
-
-    def __hash__(self) -> int:
-        return id(self)
-
-    def __eq__(self, other: object) -> bool:
-        return self is other
 
 
 class Response:
@@ -247,7 +255,7 @@ class Router:
         return self._app._not_allowed if handler is None else handler
 
 
-class Application(MutableMapping[str, Any]):
+class Application(_State):
     """Routes, middlewares, shared state (``app["k"]``) and startup/cleanup hooks."""
 
     def __init__(
@@ -268,29 +276,8 @@ class Application(MutableMapping[str, Any]):
             handler = _bind(mw, handler)
         return handler
 
-    def __getitem__(self, key: str) -> Any:
-        return self._state[key]
-
-    def __setitem__(self, key: str, value: Any) -> None:
-        self._state[key] = value
-
-    def __delitem__(self, key: str) -> None:
-        del self._state[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._state)
-
-    def __len__(self) -> int:
-        return len(self._state)
-
     def __repr__(self) -> str:
         return f"<Application {len(self.router._static)} static path(s)>"
-
-    def __hash__(self) -> int:
-        return id(self)
-
-    def __eq__(self, other: object) -> bool:
-        return self is other
 
 
 def _bind(mw: Middleware, handler: Handler) -> Handler:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import httpx
 
 from ..protocol import auth
-from ..protocol.wire import JSON, MSGPACK, base_url, media_type
+from ..protocol.wire import MEDIA_TYPES, MSGPACK, base_url, media_type
 from .lean import LeanTransport
 from .lean_async import LeanAsyncTransport
 
@@ -103,7 +103,9 @@ class _Base:
         self.content_type = content_type
         self.credentials = credentials
         self.verify = verify
-        self._req_headers = {"Content-Type": content_type, "Accept": f"{MSGPACK}, {JSON}"}
+        # every encoding the SDK decodes, its own first (a new codec in wire adds itself)
+        accept = ", ".join([content_type, *(t for t in MEDIA_TYPES if t != content_type)])
+        self._req_headers = {"Content-Type": content_type, "Accept": accept}
 
     def _headers(self, method: str, path: str, body: bytes) -> dict[str, str]:
         if self.credentials is None:
