@@ -7,6 +7,7 @@ import logging
 import os
 import ssl
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import httpx
@@ -106,11 +107,18 @@ class _Base:
         # every encoding the SDK decodes, its own first (a new codec in wire adds itself)
         accept = ", ".join([content_type, *(t for t in MEDIA_TYPES if t != content_type)])
         self._req_headers = {"Content-Type": content_type, "Accept": accept}
+        self._items = tuple(self._req_headers.items())
 
     def _headers(self, method: str, path: str, body: bytes) -> dict[str, str]:
         if self.credentials is None:
             return self._req_headers
         return {**self._req_headers, **self.credentials.headers(method, path, body)}
+
+    def _header_items(self, method: str, path: str, body: bytes) -> Iterable[tuple[str, str]]:
+        """The headers as the lean transports take them (unsigned: built once)."""
+        if self.credentials is None:
+            return self._items
+        return self._headers(method, path, body).items()
 
     def __repr__(self) -> str:
         signed = "signed" if self.credentials else "unsigned"
@@ -134,7 +142,6 @@ class SyncHttp(_Base):
         super().__init__(content_type=content_type, credentials=credentials, verify=verify)
         self._lean: LeanTransport | None = None
         self._client: httpx.Client | None = client
-        self._items = tuple(self._req_headers.items())
         if lean and client is None:
             self._lean = LeanTransport(ssl_context=functools.partial(_lean_ssl, verify))
         elif client is None:
@@ -149,11 +156,7 @@ class SyncHttp(_Base):
         """One request; raises ``httpx.HTTPError`` subclasses on transport failure."""
         lean = self._lean
         if lean is not None:
-            headers = (
-                self._items
-                if self.credentials is None
-                else self._headers(method, path, body).items()
-            )
+            headers = self._header_items(method, path, body)
             r = lean.request(method, addr, path, body, headers, timeout=timeout)
             return HttpResponse(r.status, r.headers.get("content-type", ""), r.content)
         assert self._client is not None  # not lean: a client was given or built
@@ -230,15 +233,12 @@ class AsyncLeanHttp(_Base):
     ) -> None:
         super().__init__(content_type=content_type, credentials=credentials, verify=verify)
         self._lean = LeanAsyncTransport(ssl_context=functools.partial(_lean_ssl, verify))
-        self._items = tuple(self._req_headers.items())
 
     async def request(
         self, method: str, addr: str, path: str, body: bytes = b"", *, timeout: float
     ) -> HttpResponse:
         """One request; raises ``httpx.HTTPError`` subclasses on transport failure."""
-        headers = (
-            self._items if self.credentials is None else self._headers(method, path, body).items()
-        )
+        headers = self._header_items(method, path, body)
         r = await self._lean.request(method, addr, path, body, headers, timeout=timeout)
         return HttpResponse(r.status, r.headers.get("content-type", ""), r.content)
 
