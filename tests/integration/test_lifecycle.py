@@ -87,11 +87,14 @@ def test_reschedule_earlier_and_later_delivers_once_at_the_new_time(cluster):
     topic = "lc-move"
     with Producer(cluster.namesrv) as p:
         early = p.send_delayed(topic, b"early", delay=3600)
-        late = p.send_delayed(topic, b"late", delay=0.4)
-        moved_early = p.reschedule(topic, early.msg_id, delay=0.6)
-        moved_late = p.reschedule(topic, late.msg_id, delay=2.0)
+        # "late" is moved first, straight after it is sent: its old time must not pass
+        # before the move even on a loaded machine; "early" then lands between the two times
+        late = p.send_delayed(topic, b"late", delay=1.5)
+        moved_late = p.reschedule(topic, late.msg_id, delay=4.0)
+        moved_early = p.reschedule(topic, early.msg_id, delay=2.0)
         assert moved_early.msg_id == early.msg_id and moved_late.msg_id == late.msg_id
-        assert moved_late.deliver_at_ms > late.deliver_at_ms + 1000
+        assert moved_late.deliver_at_ms > late.deliver_at_ms + 2000
+        assert moved_early.deliver_at_ms > late.deliver_at_ms
         new_time = {early.msg_id: moved_early.deliver_at_ms, late.msg_id: moved_late.deliver_at_ms}
         # past the old time of "late", before its new one: only "early" arrived
         got = drain(cluster.namesrv, topic, "g", expected=1, timeout=10)
