@@ -8,12 +8,13 @@ trace. ``messaging.client.operation.duration`` and ``messaging.client.sent.messa
 the global meter provider. Without opentelemetry every hook is a no-op and nothing is
 imported.
 
-The hooks: ``start_send`` / ``end_send`` / ``end_many`` for one message each,
-``start_batch`` / ``end_batch`` for one ``send_batch`` request, ``receive`` for a poll and
-``process_span`` (public as ``qclient.tracing.process_span``) for handling one message.
-A hook returns ``None`` when there is nothing to record (no SDK configured): tracing
-that nobody collects costs a provider check and a look at the caller's current span
-(whose context, if it has one, is still passed on) per message.
+The hooks: ``start_send`` / ``end_send`` for one message sent at once, ``defer_send`` /
+``start_many`` / ``end_many`` for ``send_async`` (the span starts when the message's
+request does), ``start_batch`` / ``end_batch`` for one ``send_batch`` request,
+``receive`` for a poll and ``process_span`` (public as ``qclient.tracing.process_span``)
+for handling one message. A hook returns ``None`` when there is nothing to record (no SDK
+configured): tracing that nobody collects costs a provider check and a look at the
+caller's current span (whose context, if it has one, is still passed on) per message.
 """
 
 from __future__ import annotations
@@ -27,12 +28,14 @@ from .protocol.limits import MAX_PROPERTIES
 
 __all__ = [
     "AVAILABLE",
+    "defer_send",
     "end_batch",
     "end_many",
     "end_send",
     "process_span",
     "receive",
     "start_batch",
+    "start_many",
     "start_send",
 ]
 
@@ -60,15 +63,39 @@ def _version() -> str:
 
 
 class _Send:
-    """One send operation in flight: its span (or None) and when it started."""
+    """One send operation in flight: its span (None if it does not record), when the
+    call was made, and, while its span is deferred, what the span starts with."""
 
-    __slots__ = ("count", "span", "start_ns", "topic")
+    __slots__ = (
+        "broker",
+        "count",
+        "ctx",
+        "queue_id",
+        "span",
+        "start_ns",
+        "start_time",
+        "topic",
+        "wire",
+    )
 
     def __init__(self, span: Any, topic: str, count: int) -> None:
         self.span = span
         self.topic = topic
         self.count = count
         self.start_ns = time.perf_counter_ns()
+        #: a deferred span: the message (None once started), the caller's context and
+        #: the wall time of the call
+        self.wire: Any = None
+        self.ctx: Any = None
+        self.start_time = 0
+        #: the broker and queue the span's attributes name (None: none named yet)
+        self.broker: str | None = None
+        self.queue_id = -1
+
+
+#: cached span attributes per (topic, broker, address, queue) and per address; a
+#: producer sees a handful of each, the bound only guards against unbounded topic names
+_CACHE_MAX = 4096
 
 
 if AVAILABLE:
@@ -82,7 +109,7 @@ if AVAILABLE:
     _duration = _meter.create_histogram(
         "messaging.client.operation.duration",
         unit="s",
-        description="Duration of a send, from the call to the broker's acknowledgement",
+        description="Duration of a send request, from the call to the broker's answer",
     )
     _sent = _meter.create_counter(
         "messaging.client.sent.messages",
@@ -119,17 +146,17 @@ if AVAILABLE:
     def _inject(sc: Any, wires: Sequence[Any]) -> None:
         """Put a span context into each message's properties as W3C ``traceparent``
         (and ``tracestate`` when it has entries)."""
-        carrier = {"traceparent": f"00-{sc.trace_id:032x}-{sc.span_id:016x}-{sc.trace_flags:02x}"}
-        if sc.trace_state:
-            carrier["tracestate"] = sc.trace_state.to_header()
+        parent = f"00-{sc.trace_id:032x}-{sc.span_id:016x}-{sc.trace_flags:02x}"
+        state = sc.trace_state.to_header() if sc.trace_state else None
         for w in wires:
             props = w.properties
-            if not props:
-                w.properties = dict(carrier)
-            elif len(props.keys() | carrier.keys()) <= MAX_PROPERTIES:
-                w.properties = {**props, **carrier}
-            # else: the caller's properties fill the limit; the message goes untraced
+            carrier = {**props, "traceparent": parent} if props else {"traceparent": parent}
+            if state:
+                carrier["tracestate"] = state
+            # over the limit with the caller's properties: the message goes untraced
             # rather than refused by the broker
+            if len(carrier) <= MAX_PROPERTIES:
+                w.properties = carrier
 
     def _pass_on(wires: Sequence[Any]) -> None:
         """No tracer provider: no span, but the caller's own trace context (one extracted
@@ -141,14 +168,79 @@ if AVAILABLE:
         if sc.is_valid:
             _inject(sc, wires)
 
-    def _start(name: str, wires: Sequence[Any], attributes: dict[str, Any]) -> Any:
-        """A PRODUCER span in the caller's context, its trace context put in ``wires``;
-        None if it does not record (sampled out)."""
-        span = _tracer.start_span(name, kind=_PRODUCER, attributes=attributes)
+    _addresses: dict[str, dict[str, Any]] = {}
+    _bases: dict[tuple[str, str | None, str | None, int], tuple[str, dict[str, Any]]] = {}
+
+    def _server(broker: str, resolve: Resolve | None) -> dict[str, Any]:
+        """``server.address`` (and ``server.port``) of a broker: its address if known,
+        else its name."""
+        addr = resolve(broker) if resolve is not None else None
+        if not addr:
+            return {"server.address": broker}
+        attrs = _addresses.get(addr)
+        if attrs is None:
+            hostport = addr.split("://", 1)[-1]
+            host, sep, port = hostport.rpartition(":")
+            if sep and port.isdigit():
+                attrs = {"server.address": host, "server.port": int(port)}
+            else:
+                attrs = {"server.address": hostport}
+            if len(_addresses) >= _CACHE_MAX:
+                _addresses.clear()
+            _addresses[addr] = attrs
+        return attrs
+
+    def _base(
+        topic: str, broker: str | None, queue_id: int, resolve: Resolve | None
+    ) -> tuple[str, dict[str, Any]]:
+        """The name and the attributes of a message's span but its id, built once per
+        topic and queue: the SDK checks each attribute anyway, we need not build them."""
+        addr = resolve(broker) if resolve is not None and broker is not None else None
+        key = (topic, broker, addr, queue_id)
+        base = _bases.get(key)
+        if base is None:
+            attrs: dict[str, Any] = {
+                "messaging.system": SYSTEM,
+                "messaging.operation.type": "send",
+                "messaging.operation.name": "send",
+                "messaging.destination.name": topic,
+            }
+            if broker is not None:
+                attrs.update(_server(broker, resolve))
+                attrs["messaging.destination.partition.id"] = str(queue_id)
+            base = ("send " + topic, attrs)
+            if len(_bases) >= _CACHE_MAX:
+                _bases.clear()
+            _bases[key] = base
+        return base
+
+    def _start(
+        name: str,
+        wires: Sequence[Any],
+        attributes: dict[str, Any],
+        ctx: Any = None,
+        start_time: int | None = None,
+    ) -> Any:
+        """A PRODUCER span in ``ctx`` (None: the caller's), its trace context put in
+        ``wires``; None if it does not record (sampled out)."""
+        span = _tracer.start_span(
+            name, ctx, kind=_PRODUCER, attributes=attributes, start_time=start_time
+        )
         sc = span.get_span_context()
         if sc.is_valid:
             _inject(sc, wires)
         return span if span.is_recording() else None
+
+    def _begin(op: _Send, broker: str | None, queue_id: int, resolve: Resolve | None) -> None:
+        """Start a deferred span, naming the broker and queue the message goes to."""
+        wire = op.wire
+        name, base = _base(wire.topic, broker, queue_id, resolve)
+        attrs = dict(base)
+        attrs["messaging.message.id"] = wire.msg_id
+        op.span = _start(name, (wire,), attrs, op.ctx, op.start_time)
+        op.wire = op.ctx = None
+        if broker is not None:
+            op.broker, op.queue_id = broker, queue_id
 
     def start_send(wire: Any) -> _Send | None:
         """Start the PRODUCER span of one message (in the caller's context) and put its
@@ -157,20 +249,39 @@ if AVAILABLE:
         if not _tracing():  # the common case of an untraced program: stay cheap
             _pass_on((wire,))
             return _Send(None, topic, 1) if _metering() else None
-        span = _start(
-            "send " + topic,
-            (wire,),
-            {
-                "messaging.system": SYSTEM,
-                "messaging.operation.type": "send",
-                "messaging.operation.name": "send",
-                "messaging.destination.name": topic,
-                "messaging.message.id": wire.msg_id,
-            },
-        )
+        name, base = _base(topic, None, -1, None)
+        attrs = dict(base)
+        attrs["messaging.message.id"] = wire.msg_id
+        span = _start(name, (wire,), attrs)
         if span is not None or _metering():
             return _Send(span, topic, 1)
         return None
+
+    def defer_send(wire: Any) -> _Send | None:
+        """``start_send`` for a message that waits in a buffer: the span keeps the
+        caller's context and the time of the call but starts with ``start_many`` just
+        before the message's request (knowing its broker; the SDK's span objects live
+        for the request, not for the time in the buffer)."""
+        if not _tracing():
+            return start_send(wire)
+        op = _Send(None, wire.topic, 1)
+        op.wire = wire
+        ctx = _context.get_current()
+        op.ctx = ctx if ctx else None
+        op.start_time = time.time_ns()
+        return op
+
+    def start_many(items: Sequence[Any], resolve: Resolve | None) -> None:
+        """Start the deferred spans of the messages of a request (``Item``s, each with
+        its queue) and put their trace context into the messages."""
+        for it in items:
+            op = it.trace
+            if op is not None and op.wire is not None:
+                q = it.queue
+                if q is None:
+                    _begin(op, None, -1, resolve)
+                else:
+                    _begin(op, q.broker_name, q.queue_id, resolve)
 
     def start_batch(wires: Sequence[Any]) -> _Send | None:
         """Start the one PRODUCER span of a batch request; every message carries its
@@ -193,50 +304,70 @@ if AVAILABLE:
             return _Send(span, topic, len(wires))
         return None
 
-    def _server(attrs: dict[str, Any], broker: str, resolve: Resolve | None) -> None:
-        addr = resolve(broker) if resolve is not None else None
-        if not addr:
-            attrs["server.address"] = broker
-            return
-        hostport = addr.split("://", 1)[-1]
-        host, sep, port = hostport.rpartition(":")
-        if sep and port.isdigit():
-            attrs["server.address"] = host
-            attrs["server.port"] = int(port)
-        else:
-            attrs["server.address"] = hostport
-
-    def _finish(op: _Send, outcome: Any, resolve: Resolve | None, *, batch: bool) -> None:
-        span = op.span
-        attrs: dict[str, Any] = {}  # what the end adds to the span and the metrics
-        failed: BaseException | None = None
+    def _failure(outcome: Any, batch: bool) -> BaseException | None:
         if isinstance(outcome, BaseException):
-            failed = outcome
-        elif batch:
-            failed = next((r for r in outcome if isinstance(r, BaseException)), None)
-            brokers = {r.broker_name for r in outcome if not isinstance(r, BaseException)}
-            if len(brokers) == 1:
-                _server(attrs, brokers.pop(), resolve)
-        else:
-            _server(attrs, outcome.broker_name, resolve)
+            return outcome
+        if batch:
+            return next((r for r in outcome if isinstance(r, BaseException)), None)
+        return None
+
+    def _end_span(op: _Send, outcome: Any, resolve: Resolve | None, batch: bool) -> None:
+        """End an operation's span with its outcome: where the message went if the span
+        does not say so yet (or named another broker), or the error."""
+        if op.wire is not None:  # deferred and never sent: it fails before its request
+            _begin(op, None, -1, resolve)
+        span = op.span
+        if span is None:
+            return
+        failed = _failure(outcome, batch)
+        attrs: dict[str, Any] = {}
+        if batch:
+            broker = _broker_of(outcome, True)
+            if broker is not None:
+                attrs.update(_server(broker, resolve))
+        elif failed is None and (
+            outcome.broker_name != op.broker or outcome.queue_id != op.queue_id
+        ):
+            attrs.update(_server(outcome.broker_name, resolve))
+            attrs["messaging.destination.partition.id"] = str(outcome.queue_id)
         if failed is not None:
             attrs["error.type"] = type(failed).__qualname__
-        if span is not None:
-            if not batch and failed is None:
-                attrs["messaging.destination.partition.id"] = str(outcome.queue_id)
+        if attrs:
             span.set_attributes(attrs)
-            if failed is not None:
-                span.record_exception(failed)
-                span.set_status(Status(_ERROR, " ".join(str(failed).split())[:300]))
-            span.end()
+        if failed is not None:
+            span.record_exception(failed)
+            span.set_status(Status(_ERROR, " ".join(str(failed).split())[:300]))
+        span.end()
+
+    _Key = tuple[str, "str | None", "type | None"]  # topic, broker, error type
+
+    def _measure(key: _Key, count: int, start_ns: int, resolve: Resolve | None) -> None:
+        """One request's duration and its message count, to the meter provider."""
+        topic, broker, error = key
+        attrs: dict[str, Any] = {"messaging.system": SYSTEM, "messaging.operation.name": "send"}
+        if topic:
+            attrs["messaging.destination.name"] = topic
+        if broker is not None:
+            attrs.update(_server(broker, resolve))
+        if error is not None:
+            attrs["error.type"] = error.__qualname__
+        _duration.record((time.perf_counter_ns() - start_ns) / 1e9, attrs)
+        _sent.add(count, attrs)
+
+    def _broker_of(outcome: Any, batch: bool) -> str | None:
+        if isinstance(outcome, BaseException):
+            return None
+        if not batch:
+            return outcome.broker_name
+        brokers = {r.broker_name for r in outcome if not isinstance(r, BaseException)}
+        return brokers.pop() if len(brokers) == 1 else None
+
+    def _finish(op: _Send, outcome: Any, resolve: Resolve | None, *, batch: bool) -> None:
+        _end_span(op, outcome, resolve, batch)
         if _metering():
-            attrs.pop("messaging.destination.partition.id", None)
-            attrs["messaging.system"] = SYSTEM
-            attrs["messaging.operation.name"] = "send"
-            if op.topic:
-                attrs["messaging.destination.name"] = op.topic
-            _duration.record((time.perf_counter_ns() - op.start_ns) / 1e9, attrs)
-            _sent.add(op.count, attrs)
+            failed = _failure(outcome, batch)
+            error = None if failed is None else type(failed)
+            _measure((op.topic, _broker_of(outcome, batch), error), op.count, op.start_ns, resolve)
 
     def end_send(op: _Send | None, outcome: Any, resolve: Resolve | None = None) -> None:
         """End one message's span with its ``SendResult`` or exception."""
@@ -244,10 +375,26 @@ if AVAILABLE:
             _finish(op, outcome, resolve, batch=False)
 
     def end_many(ops: Sequence[Any], outcomes: Sequence[Any], resolve: Resolve | None) -> None:
-        """``end_send`` for each message of an accumulator batch (``ops`` may hold None)."""
+        """``end_send`` for each message of an accumulator batch (``ops`` may hold None).
+        The batch went as one request: the metrics count it once, its duration from
+        the oldest message's call."""
+        groups: dict[_Key, list[int]] = {}
+        metering = _metering()
         for op, outcome in zip(ops, outcomes, strict=True):
-            if op is not None:
-                _finish(op, outcome, resolve, batch=False)
+            if op is None:
+                continue
+            _end_span(op, outcome, resolve, False)
+            if metering:
+                key: _Key = (
+                    (op.topic, None, type(outcome))
+                    if isinstance(outcome, BaseException)
+                    else (op.topic, outcome.broker_name, None)
+                )
+                group = groups.setdefault(key, [0, op.start_ns])
+                group[0] += 1
+                group[1] = min(group[1], op.start_ns)
+        for key, (count, start_ns) in groups.items():
+            _measure(key, count, start_ns, resolve)
 
     def end_batch(op: _Send | None, outcome: Any, resolve: Resolve | None = None) -> None:
         """End a batch's span with its list of results (or the exception that ended it)."""
@@ -317,6 +464,12 @@ if AVAILABLE:
 else:
 
     def start_send(wire: Any) -> _Send | None:
+        return None
+
+    def defer_send(wire: Any) -> _Send | None:
+        return None
+
+    def start_many(items: Sequence[Any], resolve: Resolve | None) -> None:
         return None
 
     def start_batch(wires: Sequence[Any]) -> _Send | None:

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -81,6 +82,22 @@ def test_send_and_send_async_one_span_per_message(cluster, spans):
     assert len({s.context.span_id for s in sent}) == 21
 
 
+def test_send_async_span_has_the_callers_parent_and_time(cluster, spans):
+    """The span of a buffered message starts with its request, yet keeps the caller's
+    context and the time of the call."""
+    tracer = _tracing._tracer
+    with Producer(cluster.namesrv, linger_ms=50) as p:
+        with tracer.start_as_current_span("request") as parent:
+            before = time.time_ns()
+            fut = p.send_async(Message("tr-defer", b"x"))
+        r = fut.result(10)
+    (span,) = _sends(spans)
+    _check_ok(span, "tr-defer", r.msg_id, cluster)
+    assert span.parent.span_id == parent.get_span_context().span_id
+    assert before <= span.start_time <= span.end_time
+    assert span.attributes["messaging.destination.partition.id"] == str(r.queue_id)
+
+
 def test_send_batch_is_one_span_with_the_count(cluster, spans):
     with Producer(cluster.namesrv) as p:
         p.send_batch([Message("tr-batch", f"m{i}", delay=0.1) for i in range(30)])
@@ -115,11 +132,17 @@ def test_failure_before_any_request_ends_the_span_with_error(spans):
         pytest.raises(QClientError) as err,
     ):
         p.send("tr-noroute", b"x")
-    (span,) = _sends(spans)
-    assert span.name == "send tr-noroute"
-    assert span.status.status_code is StatusCode.ERROR
-    assert span.attributes["error.type"] == type(err.value).__qualname__
-    assert any(e.name == "exception" for e in span.events)
+    with (
+        Producer("127.0.0.1:1", send_timeout=0.5, start_detector_enable=False) as p,
+        pytest.raises(QClientError),
+    ):
+        p.send_async(Message("tr-noroute", b"y"))
+    assert len(_sends(spans)) == 2
+    for span in _sends(spans):
+        assert span.name == "send tr-noroute"
+        assert span.status.status_code is StatusCode.ERROR
+        assert span.attributes["error.type"] == type(err.value).__qualname__
+        assert any(e.name == "exception" for e in span.events)
 
 
 def test_send_async_timeout_ends_the_span_with_error(cluster, spans):
@@ -175,6 +198,9 @@ def test_client_metrics(cluster, monkeypatch):
         for i in range(3):
             p.send("tr-metrics", f"m{i}")
         p.send_batch([Message("tr-metrics", b"b")] * 4)
+        futures = [p.send_async(Message("tr-metrics", b"a")) for _ in range(5)]
+        p.flush(10)
+    assert all(f.exception() is None for f in futures)
     data = reader.get_metrics_data()
     points = {
         m.name: m.data.data_points
@@ -182,8 +208,9 @@ def test_client_metrics(cluster, monkeypatch):
         for sm in rm.scope_metrics
         for m in sm.metrics
     }
-    assert sum(dp.value for dp in points["n"]) == 7
-    assert sum(dp.count for dp in points["d"]) == 4
+    assert sum(dp.value for dp in points["n"]) == 12
+    # one duration per request: each send, the batch, and the requests of send_async
+    assert 4 + 1 <= sum(dp.count for dp in points["d"]) <= 4 + 5
     attrs = points["n"][0].attributes
     assert attrs["messaging.destination.name"] == "tr-metrics"
     assert attrs["server.address"] == "127.0.0.1"

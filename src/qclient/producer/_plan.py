@@ -30,7 +30,7 @@ class Item:
     pinned: bool = False
     last_broker: str | None = None
     error: QClientError | None = None
-    #: the message's send span (``_tracing.start_send``), ended with its result
+    #: the message's send span (``_tracing.defer_send``), ended with its result
     trace: Any = None
     #: the delay of the first attempt (ms), once a retry has shortened ``wire.delay_ms``
     first_delay_ms: int | None = None

@@ -253,7 +253,7 @@ class Producer(ProducerBase):
         ``max_buffered_messages`` are buffered, then raises ``BufferFullError``."""
         self._check_open()
         wire = self._core.builder.message(message)
-        op = _tracing.start_send(wire)
+        op = _tracing.defer_send(wire)
         try:
             info = self._info(wire.topic)
             pinned = message.msg_id is not None

@@ -138,6 +138,8 @@ class Sender:
     async def _send(self, batch: ProducerBatch) -> None:
         results: list[Any]
         try:
+            if _tracing.AVAILABLE:
+                _tracing.start_many(batch.items, self.core.routes.resolve)
             results = await run_async(
                 self.core.plan_send(batch.items, one_chunk=True), self._http, self._slots
             )
