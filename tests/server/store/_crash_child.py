@@ -1,8 +1,9 @@
 """Child process for the kill -9 tests: stores messages, prints what was acknowledged.
 
-Usage: python -m tests.server.store._crash_child DATA_DIR N DELAY_SPREAD_MS [stream]
+Usage: python -m tests.server.store._crash_child DATA_DIR N DELAY_SPREAD_MS [stream|buffered]
 (``stream``: message j is due ``j % DELAY_SPREAD_MS`` ms after the start, so a long run
-keeps submitting while earlier messages fire.)
+keeps submitting while earlier messages fire; ``buffered``: no checkpoint after the one at
+open, so the schedule and id-index entries stay in memory, unwritten, until the kill.)
 Prints ``ACK <first> <count>`` after each acknowledged batch, ``ACKED`` after all, then
 ``FIRED <n>`` as messages become visible, and waits to be killed.
 """
@@ -19,8 +20,15 @@ from qclient.server.store import DelayStore, NewMessage, StoreConfig, wall_clock
 def main() -> None:
     data_dir, n, spread = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
     stream = sys.argv[4:] == ["stream"]
+    ckpt = 600_000 if sys.argv[4:] == ["buffered"] else 1000
     store = DelayStore(
-        StoreConfig(data_dir=data_dir, bucket_ms=1000, load_ahead_ms=500, fsync=True)
+        StoreConfig(
+            data_dir=data_dir,
+            bucket_ms=1000,
+            load_ahead_ms=500,
+            fsync=True,
+            checkpoint_interval_ms=ckpt,
+        )
     )
     store.open()
     base = wall_clock_ms() + 300

@@ -17,6 +17,7 @@ from qclient.server.store import (
     StoreConfig,
     wall_clock_ms,
 )
+from qclient.server.store._files import AppendFiles, sync_fds
 from qclient.server.store.id_index import PARTS, IdIndex, id_key, record_key
 from qclient.server.store.record import KIND_MESSAGE, encode
 
@@ -144,6 +145,57 @@ def test_state_survives_restart_and_index_rebuilds(
         assert s.lookup("t", "m2").state == "cancelled"  # type: ignore[union-attr]
         assert s.lookup("t", "m49").state == "scheduled"  # type: ignore[union-attr]
         s.close()
+
+
+def test_lookup_finds_entries_still_buffered(
+    open_store: Callable[..., DelayStore], tmp_path: Path
+) -> None:
+    """Index entries wait in memory until the checkpoint; lookup, cancel and reschedule
+    find them there (the dedupe table remembers one id only, so it cannot answer)."""
+    s = open_store(checkpoint_interval_ms=600_000, dedupe_max_ids=1)
+    far = wall_clock_ms() + 86_400_000
+    for i in range(20):
+        _send(s, f"m{i}", far + i)
+    ids = tmp_path / "data" / "ids"
+    assert sum(p.stat().st_size for p in ids.iterdir()) == 0  # nothing written yet
+    for i in range(20):
+        st = s.lookup("t", f"m{i}")
+        assert st is not None and (st.state, st.deliver_at_ms) == ("scheduled", far + i)
+    assert s.cancel_id("t", "m3").cancelled
+    assert s.reschedule("t", "m4", far + 9000).rescheduled
+    assert s.lookup("t", "m3").state == "cancelled"  # type: ignore[union-attr]
+    assert s.lookup("t", "m4").deliver_at_ms == far + 9000  # type: ignore[union-attr]
+    s.close()
+    assert sum(p.stat().st_size for p in ids.iterdir()) >= 21 * 24  # written on close
+    s = open_store(dedupe_max_ids=1)
+    assert s.lookup("t", "m4").deliver_at_ms == far + 9000  # type: ignore[union-attr]
+    assert s.lookup("t", "m19").state == "scheduled"  # type: ignore[union-attr]
+
+
+def test_buffered_append_files(tmp_path: Path) -> None:
+    """Buffered appends: read and size see them; flush, take_dirty and the size limit
+    write them (one write per file); replace drops them."""
+    files = AppendFiles(tmp_path / "f", ".x", 4, fsync=True, buffer_bytes=16)
+    files.append(1, b"aaaa")
+    files.append(1, b"bbbb")
+    files.append(2, b"cccc")
+    assert files.size(1) == 8 and files.read(1) == b"aaaabbbb" and files.read(1, 4) == b"aaaa"
+    assert not files.path(1).exists() and not files.path(2).exists()
+    fds = files.take_dirty()  # the checkpoint's: written, then fsync'd by the caller
+    sync_fds(fds)
+    assert len(fds) == 3  # two files and the directory that got them
+    assert files.path(1).read_bytes() == b"aaaabbbb" and files.read(2) == b"cccc"
+    files.append(1, b"dddd")
+    assert files.read(1) == b"aaaabbbbdddd" and files.read(1, 10) == b"aaaabbbb"
+    files.append(2, b"eeee", now=True)  # written at once
+    assert files.path(2).read_bytes() == b"cccceeee"
+    files.append(3, b"ffff" * 3)  # 16 bytes pending in all: the limit writes them
+    assert files.path(1).read_bytes() == b"aaaabbbbdddd" and files.path(3).exists()
+    files.append(1, b"gggg")
+    files.replace(1, b"zzzz")
+    assert files.read(1) == b"zzzz" and files.size(1) == 4
+    files.close()
+    assert files.path(1).read_bytes() == b"zzzz"
 
 
 def test_without_index_lookup_uses_the_dedupe_window(

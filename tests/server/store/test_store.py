@@ -369,8 +369,8 @@ def test_many_buckets_more_than_open_files(make_store, tmp_path) -> None:
     for rnd in range(3):
         batch = [msg(i, clock.now + 1000 + i * 7) for i in range(rnd * 100, rnd * 100 + 100)]
         s.submit(batch).result(10)
+    s.close()  # writes the buffered schedule entries: one file per bucket
     assert len(list((tmp_path / "data" / "schedule").iterdir())) > 200
-    s.close()
     s2 = make_store(clock=clock, bucket_ms=10, load_ahead_ms=0, fsync=True)
     clock.advance(5000)  # past the last deliver time (1000 + 299 * 7)
     wait_until(lambda: visible(s2, "t") == 300)

@@ -1,7 +1,8 @@
 """The replay checkpoint (``checkpoint.json``): how far the message log is reflected in
 the schedule files on disk, so that an open replays only the log past it.
 
-The schedule and dispatch files are fsync'd before the checkpoint advances (tmp + fsync +
+The schedule, dispatch and id-index files are written (their buffered appends) and
+fsync'd before the checkpoint advances (tmp + fsync +
 rename); a store that has failed keeps its last good checkpoint.
 """
 
@@ -46,6 +47,9 @@ class Checkpoint:
         with sh.sched:
             replayed = self._replayer.replayed
             fds = sh.files.take_dirty()
+        # the group commit indexes a group before replaying it: every entry of a
+        # position before ``replayed`` is in the index (or its buffer) by now
+        fds += sh.files.take_dirty_index()
         sync_fds(fds)
         if replayed != self.written:
             data = json.dumps({"version": 1, "replay_offset": replayed}).encode()

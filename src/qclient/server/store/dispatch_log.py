@@ -43,7 +43,7 @@ class DispatchLog(AppendFiles):
             if end < size:
                 log.warning("cutting a torn tail of %d zero bytes off %s", size - end, self.path(k))
                 os.truncate(self.path(k), end)
-                self._sizes[k] = end
+                self._set_size(k, end)
         return keys
 
     def add(self, bucket: int, positions: list[int]) -> None:

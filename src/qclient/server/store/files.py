@@ -49,12 +49,15 @@ class StoreFiles:
         self.offsets.load()
 
     def take_dirty(self) -> list[int]:
-        """fds the checkpoint must fsync before it advances (call with the scheduler lock
-        held: schedule files are appended under it)."""
-        fds = self.slog.take_dirty() + self.dlog.take_dirty()
-        if self.ids is not None:
-            fds += self.ids.take_dirty()
-        return fds
+        """fds of the schedule and dispatch files the checkpoint must fsync before it
+        advances, their buffered appends written (call with the scheduler lock held:
+        schedule files are appended under it)."""
+        return self.slog.take_dirty() + self.dlog.take_dirty()
+
+    def take_dirty_index(self) -> list[int]:
+        """The same for the id index (its own lock: call it after :meth:`take_dirty`,
+        without the scheduler lock; it covers every entry added before it)."""
+        return self.ids.take_dirty() if self.ids is not None else []
 
     def flush(self) -> None:
         """Persist state kept in memory between checkpoints (consumer offsets)."""

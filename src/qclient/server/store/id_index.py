@@ -8,10 +8,12 @@ open file descriptors and each file's size, so a broker holding millions of far-
 messages finds any id with one read of one partition (1M ids: ~190 KB) and a C-speed
 aligned search, instead of a map in RAM.
 
-The index is derived state, like the schedule files: ``STORED`` entries are appended
-after the group commit's fsync and before the replay checkpoint moves past them; the
-checkpoint fsyncs the partitions first, so recovery only re-adds what came after it
-(a repeated entry is harmless: readers fold entries by position). ``FIRED`` entries are
+The index is derived state, like the schedule files: ``STORED`` entries are added after
+the group commit's fsync and before the replay checkpoint moves past them, buffered in
+memory (one write per partition per checkpoint instead of per group commit; lookups see
+the buffer too); the checkpoint writes and fsyncs the partitions first, so recovery only
+re-adds what came after it (a repeated entry is harmless: readers fold entries by
+position). ``FIRED`` entries are
 written with the dispatch log and reconciled from the consume logs on recovery the same
 way. Readers verify every position by reading the record back (the key is a hash, and a
 torn log tail may have been rewritten), so a stale or colliding entry is never trusted.
@@ -28,7 +30,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from qclient.server.store import record as rec
-from qclient.server.store._files import AppendFiles, aligned_find
+from qclient.server.store._files import SIDE_BUFFER_BYTES, AppendFiles, aligned_find
 
 __all__ = ["FIRED", "PARTS", "STORED", "IdIndex", "id_key", "record_key"]
 
@@ -68,7 +70,14 @@ class IdIndex:
     """The partitioned id index of one store (thread-safe)."""
 
     def __init__(self, directory: Path, *, fsync: bool):
-        self._files = AppendFiles(directory, ".idx", ENTRY.size, fsync=fsync, max_open=PARTS)
+        self._files = AppendFiles(
+            directory,
+            ".idx",
+            ENTRY.size,
+            fsync=fsync,
+            max_open=PARTS,
+            buffer_bytes=SIDE_BUFFER_BYTES,
+        )
         self._lock = threading.Lock()
 
     def recover(self) -> bool:
@@ -77,7 +86,8 @@ class IdIndex:
         return bool(self._files.recover())
 
     def add(self, kind: int, items: Iterable[tuple[int, int, int]]) -> None:
-        """Append ``(key, position, time_ms)`` entries of one kind (one write per partition)."""
+        """Append ``(key, position, time_ms)`` entries of one kind (written at once: one
+        write per partition)."""
         parts: dict[int, list[bytes]] = {}
         pack = ENTRY.pack
         tag = kind << 56
@@ -91,11 +101,12 @@ class IdIndex:
             return
         with self._lock:
             for p, chunk in parts.items():
-                self._files.append(p, b"".join(chunk))
+                self._files.append(p, b"".join(chunk), now=True)
 
     def add_stored(self, items: Iterable[tuple[str, int, int]]) -> None:
         """Index messages written to the log: ``(msg_id, position, deliver_at_ms)`` (the
-        committer's hot path: :meth:`add` with the key computed inline)."""
+        committer's hot path: :meth:`add` with the key computed inline, the entries
+        buffered until :meth:`flush` or :meth:`take_dirty`)."""
         parts: dict[int, list[bytes]] = {}
         pack = ENTRY.pack
         crc, adler = zlib.crc32, zlib.adler32
@@ -142,8 +153,14 @@ class IdIndex:
                     dropped += n
         return dropped
 
+    def flush(self) -> None:
+        """Write the buffered entries to their partitions."""
+        with self._lock:
+            self._files.flush()
+
     def take_dirty(self) -> list[int]:
-        """fds of the partitions written since the last call (see ``AppendFiles``)."""
+        """Write the buffered entries; fds of the partitions written since the last call
+        (see ``AppendFiles``)."""
         with self._lock:
             return self._files.take_dirty()
 

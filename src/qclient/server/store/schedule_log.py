@@ -3,10 +3,11 @@
 ``bucket = deliver_at_ms // bucket_ms``. Each entry is fixed-size
 ``(deliver_at_ms i64, position u64, size u32, kind i32)``: a message to fire
 (``KIND_MESSAGE``, position/size of its message-log record) or a cancel
-(``KIND_CANCEL``, position of the cancelled message). Entries are written by the replayer
-after the message log's group fsync; a replay resumed from an older checkpoint may append
-an entry twice, which the loader dedupes by position. Not thread-safe: the store calls it
-under its scheduler lock (``read`` excepted).
+(``KIND_CANCEL``, position of the cancelled message). Entries are appended by the replayer
+after the message log's group fsync, buffered in memory until the next checkpoint (which
+writes and fsyncs them before it advances; see ``AppendFiles``); a replay resumed from an
+older checkpoint may append an entry twice, which the loader dedupes by position. Not
+thread-safe: the store calls it under its scheduler lock (``read`` excepted).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
-from qclient.server.store._files import AppendFiles, aligned_find
+from qclient.server.store._files import SIDE_BUFFER_BYTES, AppendFiles, aligned_find
 
 ENTRY = struct.Struct("<qQIi")
 _I64 = struct.Struct("<q")
@@ -25,7 +26,9 @@ class ScheduleLog(AppendFiles):
     """Per-bucket schedule index files."""
 
     def __init__(self, directory: Path, *, fsync: bool):
-        super().__init__(directory, ".sched", ENTRY.size, fsync=fsync)
+        super().__init__(
+            directory, ".sched", ENTRY.size, fsync=fsync, buffer_bytes=SIDE_BUFFER_BYTES
+        )
 
     def entries(self, bucket: int, upto: int | None = None) -> list[tuple[int, int, int, int]]:
         """The bucket's entries in file order, up to ``upto`` bytes."""
