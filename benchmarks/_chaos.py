@@ -43,6 +43,8 @@ class Ledger:
     clock: Clock
     lock: threading.Lock = field(default_factory=threading.Lock)
     acked: dict[str, tuple[int, str, float]] = field(default_factory=dict)  # deliver, broker, t
+    #: every acknowledgement of each id (a re-sent id has several): broker, bench time
+    acks: dict[str, list[tuple[str, float]]] = field(default_factory=dict)
     sends: list[tuple[float, float, str]] = field(default_factory=list)  # t, latency ms, kind
     errors: list[tuple[float, str, str]] = field(default_factory=list)  # t, kind, error type
     error_texts: list[str] = field(default_factory=list)  # the first lines, same order
@@ -56,6 +58,7 @@ class Ledger:
             self.sends.append((start, (end - start) * 1000, kind))
             for r in results:
                 self.acked.setdefault(r.msg_id, (r.deliver_at_ms, r.broker_name, end))
+                self.acks.setdefault(r.msg_id, []).append((r.broker_name, end))
                 if len(self.recent) < 500:
                     self.recent.append((r.msg_id, r.deliver_at_ms))
                 else:

@@ -49,6 +49,7 @@ from benchmarks._chaos import (
 from benchmarks._chaos_member import body_for
 from qclient import AsyncProducer, Consumer, LocalCluster, Message, Producer
 from qclient.errors import QClientError
+from qclient.fault.strategy import id_owner
 
 log = logging.getLogger("benchmarks.chaos_bench")
 
@@ -227,12 +228,82 @@ def audit(namesrv: str, ledger: Ledger, deadline: float) -> list[Any]:
     return got
 
 
+def classify(
+    ledger: Ledger,
+    by_id: dict[str, set[tuple[str, int, int]]],
+    dup_ids: dict[str, int],
+    bands: list[Band],
+    end: float,
+    brokers: list[str],
+) -> tuple[dict[str, int], dict[str, int], list[dict[str, Any]]]:
+    """Duplicates by kind, the preventable ones by kind, and samples.
+
+    Kinds: ``resent_first_home`` / ``resent_first_away`` (a caller re-sent an acknowledged
+    id; its first copy on the id's own broker, or elsewhere because that one was down),
+    ``ambiguous`` (one acknowledgement, an extra copy on another broker: an attempt that
+    timed out but stored), ``same_broker`` (two copies on one broker), ``unacked`` (never
+    acknowledged, stored twice). Preventable: an extra copy's broker was back (and stayed
+    up) for >= 2 s before the copy was due -- time enough to cancel it.
+    """
+    kinds: Counter[str] = Counter()
+    preventable: Counter[str] = Counter()
+    samples: list[dict[str, Any]] = []
+    wall0 = ledger.clock.wall_ms(0)
+    for mid, n in dup_ids.items():
+        held = sorted({b for b, _, _ in by_id[mid]})
+        if mid not in ledger.acked:
+            kind, keep = "unacked", ""
+        else:
+            acks = ledger.acks[mid]
+            if mid in ledger.resent and len(acks) > 1:
+                home = id_owner(mid, brokers)
+                kind = "resent_first_home" if acks[0][0] == home else "resent_first_away"
+                keep = acks[-1][0]
+            elif len(held) == 1:
+                kind, keep = "same_broker", held[0]
+            else:
+                kind, keep = "ambiguous", acks[0][0]
+        kinds[kind] += n
+        if kind == "unacked":
+            continue
+        deliver_ms = ledger.acked[mid][0]
+        due = (deliver_ms - wall0) / 1000
+        extra = [b for b in held if b != keep]
+        # the extra copy's broker was back >= 2 s before it was due (after its last fault
+        # that began before then)
+        ok = False
+        for broker in extra:
+            ends = [b.t1 if b.t1 >= 0 else end for b in bands if b.target == broker and b.t0 <= due]
+            if ends and due - max(ends) >= 2.0:
+                ok = True
+        if ok:
+            preventable[kind] += n
+        if (ok and len(samples) < 16) or sum(1 for s in samples if s["kind"] == kind) < 4:
+            acks = ledger.acks[mid]
+            samples.append(
+                {
+                    "kind": kind,
+                    "preventable": ok,
+                    "id": mid,
+                    "home": id_owner(mid, brokers),
+                    "acks": [(b, round(t, 2)) for b, t in acks],
+                    "copies": held,
+                    "due_at_s": round(due, 2),
+                    "faults_at_ack": sorted(
+                        faults_at(bands, acks[-1][1], end, before=SEND_TIMEOUT)
+                    ),
+                }
+            )
+    return dict(kinds), dict(preventable), samples
+
+
 def analyse(
     ledger: Ledger,
     copies: list[Any],
     receipts: list[Receipt],
     bands: list[Band],
     end: float,
+    brokers: list[str],
 ) -> dict[str, Any]:
     """The checks and figures of one run."""
     acked = ledger.acked
@@ -247,41 +318,11 @@ def analyse(
     lost = [mid for mid in acked if mid not in by_id]
     dup_ids = {mid: len(s) - 1 for mid, s in by_id.items() if len(s) > 1}
     dups = sum(dup_ids.values())
-    # a duplicate whose delay outlasted the fault: the broker holding the extra copy was
-    # back (and stayed up) for >= 2 s before the copy was due -- time enough to cancel it.
-    # Re-sent ids are counted apart: a caller re-sending an id while its broker is down
-    # is not an ambiguous attempt.
-    long_dups = 0
-    wall0 = ledger.clock.wall_ms(0)
-    for mid, n in dup_ids.items():
-        if mid not in acked or mid in ledger.resent:
-            continue
-        deliver_ms, acked_by, _t = acked[mid]
-        due = (deliver_ms - wall0) / 1000
-        for broker in {b for b, _, _ in by_id[mid]} - {acked_by}:
-            ends = [b.t1 if b.t1 >= 0 else end for b in bands if b.target == broker and b.t0 <= due]
-            if ends and due - max(ends) >= 2.0:
-                long_dups += n
-                break
-    resent_dups = sum(n for mid, n in dup_ids.items() if mid in ledger.resent)
-    samples = []
-    for mid in dup_ids:
-        if mid in ledger.resent or mid not in acked or len(samples) >= 15:
-            continue
-        deliver_ms, broker, t_ack = acked[mid]
-        samples.append(
-            {
-                "id": mid,
-                "acked_by": broker,
-                "copies": sorted(b for b, _, _ in by_id[mid]),
-                "acked_at_s": round(t_ack, 2),
-                "due_at_s": round((deliver_ms - ledger.clock.wall_ms(0)) / 1000, 2),
-                "faults_at_ack": sorted(faults_at(bands, t_ack, end, before=SEND_TIMEOUT)),
-            }
-        )
+    dup_kinds, preventable, samples = classify(ledger, by_id, dup_ids, bands, end, brokers)
 
     kinds = Counter(b.kind for b in bands)
     errors_by_fault: dict[str, int] = Counter()
+    kill_errors_by_producer: Counter[str] = Counter()
     error_samples = []
     for (t, kind, _err), text in zip(ledger.errors, ledger.error_texts, strict=True):
         on = faults_at(bands, t, end, before=SEND_TIMEOUT + 0.5)
@@ -293,6 +334,8 @@ def analyse(
             )
         for k in on or {"none"}:
             errors_by_fault[k] += 1
+        if "kill" in on:
+            kill_errors_by_producer[kind] += 1
     phases: dict[str, list[float]] = defaultdict(list)
     for t, lat, _kind in ledger.sends:
         on = faults_at(bands, t, end)
@@ -335,14 +378,18 @@ def analyse(
         "wrong_content": wrong,
         "duplicates": dups,
         "duplicates_pct": round(100 * dups / n_acked, 3) if n_acked else 0.0,
-        "duplicates_of_resent_ids": resent_dups,
-        "duplicates_due_after_fault": long_dups,
+        "duplicates_by_kind": dup_kinds,
+        "duplicates_due_after_fault": sum(preventable.values()),
+        "preventable_by_kind": preventable,
         "duplicate_samples": samples,
         "resent_ids": len(ledger.resent),
         "errors_to_callers": len(ledger.errors),
         "errors_by_fault": dict(errors_by_fault),
         "errors_by_type": dict(Counter(e for _, _, e in ledger.errors)),
         "errors_per_kill": round(kill_errors / kills, 2) if kills else 0.0,
+        "errors_per_kill_by_producer": {
+            k: round(n / kills, 2) for k, n in sorted(kill_errors_by_producer.items())
+        },
         "error_samples": error_samples,
         "faults": dict(kinds),
         "send_latency_by_phase": {k: summary(v) for k, v in sorted(phases.items())},
@@ -409,7 +456,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             nemesis.halt()
             nemesis.heal()
             members.close()
-    out = analyse(ledger, copies, members.receipts, nemesis.bands, end)
+    brokers = [b.name for b in cluster.brokers]
+    out = analyse(ledger, copies, members.receipts, nemesis.bands, end, brokers)
     first = out.pop("_first_receipts")
     out["timeline_data"] = timeline(ledger, first, nemesis.bands)
     out["events"] = [[round(t, 2), e] for t, e in nemesis.events]

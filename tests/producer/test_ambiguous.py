@@ -1,4 +1,6 @@
-"""Copies left by ambiguous attempts are cancelled on their broker before they fire."""
+"""Extra copies on other brokers -- left by ambiguous attempts, or by a caller-chosen id
+re-sent while its own broker was down -- are cancelled before they fire, and the
+acknowledged copy is never the one cancelled."""
 
 from __future__ import annotations
 
@@ -11,8 +13,9 @@ import pytest
 from tests.integration.helpers import drain, wait_until
 
 from qclient import LocalCluster, Producer, SendResult, SendStatus
-from qclient.fault.strategy import _broker_seed, _hash
+from qclient.fault.strategy import _broker_seed, _hash, id_owner
 from qclient.producer._ambiguous import AmbiguousCopies, is_ambiguous
+from qclient.routing.nameserver import NameServerClient
 
 
 def _ids_of(broker: str, other: str, n: int) -> list[str]:
@@ -105,15 +108,78 @@ def test_hung_broker_copy_never_fires_twice() -> None:
             noted = p._ambiguous.counts["noted"]
             assert noted >= 1, p._ambiguous.counts
             assert {r.broker_name for r in results[:3]} == {"broker-b"}
-            wait_until(
-                lambda: (
-                    p._ambiguous.counts["cancelled"] + p._ambiguous.counts["not_found"] >= noted
-                ),
-                10,
-                "the ambiguous copies to be settled",
-            )
+            wait_until(lambda: p._ambiguous.pending() == 0, 10, "the copies to be settled")
             # a copy was there, and is gone
             assert p._ambiguous.counts["cancelled"] >= 1, p._ambiguous.counts
         got = drain(cluster.namesrv, "amb", "g", expected=len(ids) + 1, timeout=20, settle=0.5)
         counts = Counter(m.msg_id for m in got)
         assert all(counts[i] == 1 for i in ids), {i: n for i, n in counts.items() if n != 1}
+
+
+def test_copy_stays_when_the_acknowledged_one_is_gone() -> None:
+    """Another producer may have cancelled the acknowledged copy (keeping this one): then
+    this copy is the message, and it stays."""
+    cancels: list[str] = []
+    looked: list[str] = []
+    state = {"a": "scheduled", "b": "cancelled"}
+
+    def lookup(topic: str, msg_id: str, broker: str) -> str | None:
+        looked.append(broker)
+        return state[broker]
+
+    copies = AmbiguousCopies(lambda r: cancels.append(r.broker_name) is None, lookup)
+    try:
+        copies.note(_result("b", time.time() * 1000 + 60_000), (), home="a")
+        wait_until(lambda: copies.pending() == 0, 5, "the copy to be settled")
+        assert looked == ["a", "b"] and cancels == []
+        assert copies.counts["kept"] == 1 and copies.counts["noted_away"] == 1
+        state["b"] = "fired"  # delivered from b: a's copy is the extra one
+        copies.note(_result("b", time.time() * 1000 + 60_000), (), home="a")
+        wait_until(lambda: copies.pending() == 0, 5, "the second copy to be settled")
+        assert cancels == ["a"] and copies.counts["cancelled"] == 1
+    finally:
+        copies.close()
+
+
+def test_id_resent_while_its_broker_is_down_fires_once() -> None:
+    """Ids acknowledged by their own broker (a), then -- a killed -- re-sent by another
+    producer and acknowledged by b: once a is back, the copies a stored before its crash
+    are cancelled, b's stay, and each id fires once. Ids first sent while a was down
+    (nothing on a) are asked about once and forgotten."""
+    with LocalCluster(brokers=2) as cluster:
+        a = cluster.broker("broker-a")
+        *ids, warm_a = _ids_of("broker-a", "broker-b", 13)
+        warm_b = _ids_of("broker-b", "broker-a", 1)[0]
+        assert all(id_owner(i, ["broker-a", "broker-b"]) == "broker-a" for i in ids)
+        old, new = ids[:8], ids[8:]
+        with Producer(cluster.namesrv) as p1:
+            # the topic on both brokers, so that both are in its route
+            for w in (warm_a, warm_b):
+                p1.send_delayed("away", "warm-up", delay=0.1, msg_id=w)
+            with NameServerClient(cluster.namesrv) as ns:
+                wait_until(
+                    lambda: len(ns.get_route("away").queue_datas) == 2, 10, "both in the route"
+                )
+        with Producer(cluster.namesrv) as p1, Producer(cluster.namesrv) as p2:
+            p2.send_delayed("away", "warm-up", delay=0.1)
+            first = [p1.send_delayed("away", i, delay=10.0, msg_id=i) for i in old]
+            assert {r.broker_name for r in first} == {"broker-a"}
+            a.kill()
+            try:
+                again = [
+                    p2.send_delayed("away", i, deliver_at=r.deliver_at_ms / 1000, msg_id=i)
+                    for i, r in zip(old, first, strict=True)
+                ]
+                again += [p2.send_delayed("away", i, delay=10.0, msg_id=i) for i in new]
+            finally:
+                a.start()
+            assert {r.broker_name for r in again} == {"broker-b"}
+            counts = p2._ambiguous.counts
+            assert counts["noted_away"] == len(ids), counts
+            wait_until(lambda: p2._ambiguous.pending() == 0, 15, "the copies on a to be settled")
+            assert counts["cancelled"] == len(old), counts
+            assert counts["not_found"] == len(new), counts
+        got = drain(cluster.namesrv, "away", "g", expected=len(ids) + 3, timeout=25, settle=0.5)
+        by_id = Counter(m.msg_id for m in got)
+        assert all(by_id[i] == 1 for i in ids), {i: n for i, n in by_id.items() if n != 1}
+        assert {m.broker_name for m in got if m.msg_id in ids} == {"broker-b"}

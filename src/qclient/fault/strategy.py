@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import xxhash
 
@@ -13,7 +13,7 @@ from .index import POSITIVE_MASK
 from .latency import LatencyFaultTolerance
 from .policy import FaultPolicy, IsolationPolicy, Outcome
 
-__all__ = ["LATENCY_MAX_MS", "NOT_AVAILABLE_MS", "MQFaultStrategy"]
+__all__ = ["LATENCY_MAX_MS", "NOT_AVAILABLE_MS", "MQFaultStrategy", "id_owner"]
 
 log = logging.getLogger(__name__)
 
@@ -220,6 +220,13 @@ _hash = xxhash.xxh3_64_intdigest
 def _broker_seed(name: str) -> int:
     """The seed that makes a broker's rendezvous score of an id its own."""
     return _hash(name.encode())
+
+
+def id_owner(msg_id: str, brokers: Iterable[str]) -> str:
+    """The broker a caller-chosen id belongs to among ``brokers`` (all of them up): the
+    one ``select_for_id`` picks when none is excluded."""
+    key = msg_id.encode()
+    return max(sorted(brokers), key=lambda b: _hash(key, _broker_seed(b)))
 
 
 def _pick_for_id(

@@ -1,15 +1,25 @@
-"""Copies left by ambiguous attempts, cancelled before they fire.
+"""Extra copies of one message on other brokers, cancelled before they fire.
 
-An attempt that timed out, or lost its connection after the request went out, may still
-have been stored by that broker: it was slow or crashed after its fsync, not gone. When a
-retry is then acknowledged by another broker the message is stored twice and would fire
-twice. A delayed message is invisible until it fires, so the extra copy can be removed in
-time: the producer remembers ``(topic, id, broker)`` and, once that broker answers again,
-cancels its copy by id (the broker finds it through its dedupe table). Only a copy due
-before the cancel gets through still fires twice.
+Two ways leave a message stored on two brokers:
 
-A broker may answer the cancel before it has stored the late request (both were queued
-while it hung), so "not found" is asked again a few times before the copy is dropped.
+- an attempt that timed out, or lost its connection after the request went out, may
+  still have been stored by that broker (it was slow, or crashed after its fsync); the
+  retry acknowledged by another broker is a second copy;
+- a caller-chosen id belongs to one broker (``select_for_id``), which deduplicates its
+  re-sends; while that broker is down a re-send goes to another one, which cannot know
+  the id, so the copy stored before the outage and the re-sent one both fire.
+
+A delayed message is invisible until it fires, so the extra copy can be removed in time:
+the producer remembers ``(topic, id, broker)`` with the broker that acknowledged it (the
+copy that stays) and, once the other broker answers again, cancels its copy by id (the
+broker finds it through its dedupe table). Only a copy due before the cancel gets
+through still fires twice.
+
+Never both copies: a copy is cancelled only while the acknowledged one is still
+scheduled (or fired) -- another producer may have cancelled that one, keeping this one.
+
+A broker may answer before it has stored the late request (both were queued while it
+hung), so "not found" is asked again a few times before an ambiguous copy is dropped.
 """
 
 from __future__ import annotations
@@ -23,6 +33,7 @@ from dataclasses import dataclass
 import httpx
 
 from .._models import SendResult, SendStatus
+from ..protocol.wire import STATE_FIRED, STATE_SCHEDULED
 
 __all__ = ["AmbiguousCopies", "is_ambiguous"]
 
@@ -30,6 +41,9 @@ log = logging.getLogger(__name__)
 
 _RETRY_S = 0.5  # between rounds of cancels
 _NOT_FOUND_ASKS = 4  # "not found" answers, _RETRY_S apart, before a copy is dropped
+#: the same for the id's own broker after a re-send elsewhere: a copy there was stored
+#: before the outage (found at once); a late request there is its sender's ambiguous copy
+_AWAY_ASKS = 1
 _MAX_PENDING = 100_000  # memory bound: beyond it the oldest are dropped (they may fire twice)
 
 
@@ -47,39 +61,73 @@ def is_ambiguous(exc: BaseException | None) -> bool:
 class _Copy:
     topic: str
     msg_id: str
-    broker: str
+    broker: str  # where the extra copy may be
     deliver_at_ms: int
+    keep: str  # the broker that acknowledged the copy that stays
+    asks: int  # "not found" answers before it is dropped
     not_found: int = 0
+    asked_at: float = 0.0  # time.monotonic() of the last "not found"
+
+
+#: ``lookup(topic, msg_id, broker)``: the state of that broker's copy, None if it has none
+Lookup = Callable[[str, str, str], "str | None"]
 
 
 class AmbiguousCopies:
-    """Pending copies on brokers whose attempt was ambiguous, and the thread that cancels
-    them with ``cancel(result) -> bool`` (the producer's own cancel)."""
+    """Pending extra copies, and the thread that cancels them with ``cancel(result) ->
+    bool`` (the producer's own cancel on one broker) after ``lookup`` has shown the
+    acknowledged copy still there (without ``lookup``, cancels at once)."""
 
     def __init__(
-        self, cancel: Callable[[SendResult], bool], clock_ms: Callable[[], float] | None = None
+        self,
+        cancel: Callable[[SendResult], bool],
+        lookup: Lookup | None = None,
+        clock_ms: Callable[[], float] | None = None,
     ) -> None:
         self._cancel = cancel
+        self._lookup = lookup
         self._clock_ms = clock_ms or (lambda: time.time() * 1000)
         self._pending: dict[tuple[str, str, str], _Copy] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._closed = False
         self._thread: threading.Thread | None = None
-        self.counts = {"noted": 0, "cancelled": 0, "not_found": 0, "too_late": 0, "dropped": 0}
+        self._busy: set[str] = set()  # brokers whose worker is running
+        self._failed_at: dict[str, float] = {}  # broker -> monotonic time it last failed
+        self.counts = {
+            "noted": 0,
+            "noted_away": 0,
+            "cancelled": 0,
+            "not_found": 0,
+            "too_late": 0,
+            "gone": 0,
+            "kept": 0,
+            "dropped": 0,
+        }
 
-    def note(self, acked: SendResult, brokers: Iterable[str]) -> None:
-        """``acked`` was acknowledged after ambiguous attempts on ``brokers``."""
+    def note(self, acked: SendResult, brokers: Iterable[str], home: str | None = None) -> None:
+        """``acked`` was acknowledged after ambiguous attempts on ``brokers``, and (for a
+        caller-chosen id acknowledged away from it) the id belongs to ``home``."""
         with self._lock:
             if self._closed:
                 return
+            keep = acked.broker_name
             for b in brokers:
-                if b == acked.broker_name:
+                if b == keep:
                     continue  # retried where it went first: that broker deduplicated it
                 key = (acked.topic, acked.msg_id, b)
                 if key not in self._pending:
-                    self._pending[key] = _Copy(acked.topic, acked.msg_id, b, acked.deliver_at_ms)
+                    self._pending[key] = _Copy(
+                        acked.topic, acked.msg_id, b, acked.deliver_at_ms, keep, _NOT_FOUND_ASKS
+                    )
                     self.counts["noted"] += 1
+            if home is not None and home != keep:
+                key = (acked.topic, acked.msg_id, home)
+                if key not in self._pending:
+                    self._pending[key] = _Copy(
+                        acked.topic, acked.msg_id, home, acked.deliver_at_ms, keep, _AWAY_ASKS
+                    )
+                    self.counts["noted_away"] += 1
             while len(self._pending) > _MAX_PENDING:
                 del self._pending[next(iter(self._pending))]
                 self.counts["dropped"] += 1
@@ -98,50 +146,94 @@ class AmbiguousCopies:
             try:
                 self._round()
             except Exception:  # a bug here must not stop later rounds
-                log.exception("cancelling ambiguous copies failed")
+                log.exception("cancelling extra copies failed")
             self._wake.wait(_RETRY_S)
             self._wake.clear()
 
     def _round(self) -> None:
-        """One pass over the pending copies, each broker's in its own thread (a hung
-        broker's cancel must not hold up the others' until their copies fire)."""
-        with self._lock:
-            copies = list(self._pending.values())
+        """Start a worker for each broker with pending copies that has none running and
+        did not fail within ``_RETRY_S`` (a hung broker holds up only its own copies)."""
+        now = time.monotonic()
         by_broker: dict[str, list[_Copy]] = {}
-        for c in copies:
-            by_broker.setdefault(c.broker, []).append(c)
-        if len(by_broker) == 1:
-            self._broker_round(copies)
-            return
-        threads = [
-            threading.Thread(target=self._broker_round, args=(cs,), daemon=True)
-            for cs in by_broker.values()
-        ]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        with self._lock:
+            for c in self._pending.values():
+                by_broker.setdefault(c.broker, []).append(c)
+            todo = [
+                (b, cs)
+                for b, cs in by_broker.items()
+                if b not in self._busy and now - self._failed_at.get(b, -_RETRY_S) >= _RETRY_S
+            ]
+            self._busy.update(b for b, _ in todo)
+        for b, cs in todo:
+            threading.Thread(
+                target=self._broker_round, args=(b, cs), name="qclient-ambiguous-b", daemon=True
+            ).start()
 
-    def _broker_round(self, copies: list[_Copy]) -> None:
+    def _broker_round(self, broker: str, copies: list[_Copy]) -> None:
         """Cancel one broker's copies, in order, until it does not answer."""
+        try:
+            if not self._settle(copies):
+                self._failed_at[broker] = time.monotonic()
+        except Exception:  # a bug here must not stop later rounds
+            log.exception("cancelling extra copies on %s failed", broker)
+        finally:
+            with self._lock:
+                self._busy.discard(broker)
+
+    def _settle(self, copies: list[_Copy]) -> bool:
+        """Ask about (and cancel) each copy; False if the broker stopped answering."""
+        lookup = self._lookup
         for c in copies:
             if self._closed:
-                return
+                return True
             if self._clock_ms() > c.deliver_at_ms:
                 self._done(c, "too_late")
                 continue
-            result = SendResult(c.msg_id, SendStatus.SEND_OK, c.broker, 0, c.deliver_at_ms, c.topic)
+            if time.monotonic() - c.asked_at < _RETRY_S:
+                continue  # a round woken by a new copy: ask again only _RETRY_S apart
             try:
+                if lookup is not None:
+                    state = lookup(c.topic, c.msg_id, c.broker)
+                    if state is None:
+                        self._not_found(c)
+                        continue
+                    if state != STATE_SCHEDULED:
+                        self._done(c, "gone")  # fired or cancelled already
+                        continue
+                    if not self._kept(c):
+                        continue
+                result = SendResult(
+                    c.msg_id, SendStatus.SEND_OK, c.broker, 0, c.deliver_at_ms, c.topic
+                )
                 cancelled = self._cancel(result)
             except Exception as exc:  # the broker does not answer yet: next round
                 log.debug("cancel of copy %s on %s: %s", c.msg_id, c.broker, exc)
-                return
+                return False
             if cancelled:
                 self._done(c, "cancelled")
             else:
-                c.not_found += 1
-                if c.not_found >= _NOT_FOUND_ASKS:
-                    self._done(c, "not_found")
+                self._not_found(c)
+        return True
+
+    def _kept(self, c: _Copy) -> bool:
+        """Whether the acknowledged copy is still there, so ``c`` may go; when it is gone
+        ``c`` stays (and is forgotten); when its broker does not answer, next round."""
+        assert self._lookup is not None
+        try:
+            state = self._lookup(c.topic, c.msg_id, c.keep)
+        except Exception as exc:
+            log.debug("lookup of kept copy %s on %s: %s", c.msg_id, c.keep, exc)
+            return False
+        if state in (STATE_SCHEDULED, STATE_FIRED):
+            return True
+        self._done(c, "kept")
+        return False
+
+    def _not_found(self, c: _Copy) -> None:
+        c.not_found += 1
+        c.asked_at = time.monotonic()
+        if c.not_found >= c.asks:
+            self._done(c, "not_found")
 
     def _done(self, c: _Copy, how: str) -> None:
         with self._lock:

@@ -27,7 +27,7 @@ from ..errors import (
     SendTimeoutError,
 )
 from ..fault.latency import FaultItemSnapshot
-from ..fault.strategy import MQFaultStrategy
+from ..fault.strategy import MQFaultStrategy, id_owner
 from ..protocol.wire import (
     BROKER_SEND,
     ENCODINGS,
@@ -125,8 +125,9 @@ class ProducerCore:
             sleep=_no_sleep,
         )
         self.on_route_failure: Callable[[str], None] | None = None
-        #: told of a message acknowledged after ambiguous attempts on other brokers
-        self.on_ambiguous: Callable[[SendResult, tuple[str, ...]], None] | None = None
+        #: told of a message that other brokers may hold too: acknowledged after ambiguous
+        #: attempts on them, or (a caller-chosen id) away from the broker the id belongs to
+        self.on_ambiguous: Callable[[SendResult, tuple[str, ...], str | None], None] | None = None
         #: Message -> WireMessage with this config's limits (validation included)
         self.builder = WireBuilder(cfg)
 
@@ -376,6 +377,9 @@ class ProducerCore:
     ) -> list[Item]:
         """Turn a round's answers into results; returns the items to retry."""
         retry: list[Item] = []
+        # a caller-chosen id goes elsewhere than its own broker only when one is unhealthy,
+        # missing from the route, or failed this send: checked then, not on every ack
+        off = not self.strategy.latency_fault_tolerance.all_healthy()
         for call, res in zip(calls, outcomes, strict=True):
             broker = call.broker
             items = call.items
@@ -434,8 +438,8 @@ class ProducerCore:
                     results[it.index] = sr = SendResult(
                         r.msg_id, ok, broker, r.queue_id, r.deliver_at_ms, it.wire.topic
                     )
-                    if it.ambiguous and self.on_ambiguous is not None:
-                        self.on_ambiguous(sr, it.ambiguous)
+                    if it.ambiguous or (it.pinned and (off or it.last_broker or it.info.lost)):
+                        self._note_copies(sr, it)
                     continue
                 err = error_for_code(r.status, r.error or "", broker=broker, topic=it.wire.topic)
                 if r.status in RETRYABLE_CODES:
@@ -449,6 +453,19 @@ class ProducerCore:
             for topic in {it.wire.topic for it in retry}:
                 self.on_route_failure(topic)
         return retry
+
+    def _note_copies(self, sr: SendResult, it: Item) -> None:
+        """Tell ``on_ambiguous`` of the other brokers that may hold ``sr``'s message."""
+        if self.on_ambiguous is None:
+            return
+        home = None
+        if it.pinned:
+            info = it.info
+            home = id_owner(sr.msg_id, info.by_broker.keys() | info.lost.keys())
+            if home == sr.broker_name:
+                home = None
+        if it.ambiguous or home is not None:
+            self.on_ambiguous(sr, it.ambiguous, home)
 
     @staticmethod
     def _fail(

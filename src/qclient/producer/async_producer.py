@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Coroutine, Iterable, Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from .. import _tracing
 from .._config import (
@@ -48,6 +48,8 @@ from ._drivers import AsyncSlots, run_async
 from ._plan import Item
 
 __all__ = ["AsyncProducer"]
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -179,19 +181,30 @@ class AsyncProducer(ProducerBase):
         self._slots = AsyncSlots(cfg.max_in_flight_per_broker)
         # copies ambiguous attempts may have left: cancelled from a thread, on this loop
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._ambiguous = AmbiguousCopies(self._cancel_copy)
+        self._ambiguous = AmbiguousCopies(self._cancel_copy, self._lookup_copy)
         self._core.on_ambiguous = self._note_ambiguous
 
-    def _note_ambiguous(self, result: SendResult, brokers: tuple[str, ...]) -> None:
+    def _note_ambiguous(
+        self, result: SendResult, brokers: tuple[str, ...], home: str | None
+    ) -> None:
         self._loop = asyncio.get_running_loop()  # called by a send, on the producer's loop
-        self._ambiguous.note(result, brokers)
+        self._ambiguous.note(result, brokers, home)
 
-    def _cancel_copy(self, result: SendResult) -> bool:
+    def _on_loop(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on the producer's loop from the copies' thread, and wait."""
         loop = self._loop
         if loop is None or self._closed:
+            coro.close()
             raise ProducerClosedError("producer is closed")
-        fut = asyncio.run_coroutine_threadsafe(self._cancel_on(result), loop)
-        return fut.result(self._cfg.send_timeout + 1)
+        return asyncio.run_coroutine_threadsafe(coro, loop).result(self._cfg.send_timeout + 1)
+
+    def _cancel_copy(self, result: SendResult) -> bool:
+        return self._on_loop(self._cancel_on(result))
+
+    def _lookup_copy(self, topic: str, msg_id: str, broker: str) -> str | None:
+        plan = lifecycle.plan_lookup_on(self._core, topic, msg_id, broker, self._addr_of(broker))
+        state: str | None = self._on_loop(run_async(plan, self._http))
+        return state
 
     def _forked(self) -> None:
         # an event loop and its connections do not survive a fork: say how to do it right
@@ -337,12 +350,16 @@ class AsyncProducer(ProducerBase):
             info = self._core.store_route(topic, await self._ns.get_route(topic))
         return master_addrs(info.route)
 
-    async def _cancel_on(self, result: SendResult) -> bool:
-        addr = self._core.routes.resolve(result.broker_name)
+    def _addr_of(self, broker: str) -> str:
+        addr = self._core.routes.last_addr(broker)
         if addr is None:
             raise BrokerUnavailableError(
-                f"broker {result.broker_name} is in no known route", broker_name=result.broker_name
+                f"broker {broker} is in no known route", broker_name=broker
             )
+        return addr
+
+    async def _cancel_on(self, result: SendResult) -> bool:
+        addr = self._addr_of(result.broker_name)
         return bool(await run_async(lifecycle.plan_cancel(self._core, result, addr), self._http))
 
     async def close(self, timeout: float | None = None) -> None:

@@ -64,6 +64,7 @@ __all__ = [
     "plan_cancel",
     "plan_cancel_id",
     "plan_lookup",
+    "plan_lookup_on",
     "plan_reschedule",
     "reschedule_request",
 ]
@@ -274,14 +275,37 @@ def plan_cancel(core: ProducerCore, result: SendResult, addr: str) -> Plan:
         CancelRequest(topic=result.topic, msg_id=result.msg_id, deliver_at_ms=result.deliver_at_ms),
         core.content_type,
     )
-    deadline = time.monotonic() + core.cfg.send_timeout
     broker = result.broker_name
+    what = f"cancel of {result.msg_id}"
+    resp = yield from _ask_one(core, broker, addr, BROKER_CANCEL, body, result.topic, what)
+    answer = decode(resp.content, CancelResponse, resp.media_type)
+    if not answer.cancelled:
+        log.info("cancel of %s on %s: %s", result.msg_id, broker, answer.reason)
+    return answer.cancelled
+
+
+def plan_lookup_on(core: ProducerCore, topic: str, msg_id: str, broker: str, addr: str) -> Plan:
+    """The state of ``broker``'s copy (``wire.STATE_*``), or None if it has none."""
+    body = encode(LookupRequest(topic, msg_id), core.content_type)
+    resp = yield from _ask_one(
+        core, broker, addr, BROKER_LOOKUP, body, topic, f"lookup of {msg_id}"
+    )
+    answer = decode(resp.content, LookupResponse, resp.media_type)
+    return answer.state if answer.found else None
+
+
+def _ask_one(
+    core: ProducerCore, broker: str, addr: str, path: str, body: bytes, topic: str, what: str
+) -> Plan:
+    """POST ``body`` to one broker, retrying transport failures within ``send_timeout``;
+    returns its 200 response or raises its error."""
+    deadline = time.monotonic() + core.cfg.send_timeout
     last: QClientError | None = None
     for attempt in range(1, core.cfg.times_total + 1):
         if deadline - time.monotonic() < MIN_ATTEMPT:
             break
         timeout = core.attempt_timeout(attempt, deadline)
-        call = HttpCall(broker, addr, BROKER_CANCEL, body, timeout, [])
+        call = HttpCall(broker, addr, path, body, timeout, [])
         (res,) = yield [call]
         if res.exc is not None or res.response is None:
             outcome, last = classify_exception(
@@ -295,14 +319,11 @@ def plan_cancel(core: ProducerCore, result: SendResult, addr: str) -> Plan:
         resp = res.response
         if resp.status == 200:
             core.record(broker, res.latency_ms, Outcome.OK)
-            answer = decode(resp.content, CancelResponse, resp.media_type)
-            if not answer.cancelled:
-                log.info("cancel of %s on %s: %s", result.msg_id, broker, answer.reason)
-            return answer.cancelled
+            return resp
         code, message = parse_error_response(resp)
         outcome = response_outcome(code, resp.status)
         core.record(broker, res.latency_ms, outcome)
-        last = error_for_code(code, message, broker=broker, topic=result.topic, status=resp.status)
+        last = error_for_code(code, message, broker=broker, topic=topic, status=resp.status)
         if outcome is Outcome.FINAL:
             break
-    raise last or SendTimeoutError(f"cancel of {result.msg_id} timed out")
+    raise last or SendTimeoutError(f"{what} on {broker} timed out")

@@ -110,12 +110,18 @@ class Producer(ProducerBase):
 
     def _watch_ambiguous(self) -> None:
         """Cancel the copies that ambiguous attempts may have left (see _ambiguous)."""
-        self._ambiguous = AmbiguousCopies(self._cancel_copy)
+        self._ambiguous = AmbiguousCopies(self._cancel_copy, self._lookup_copy)
         self._core.on_ambiguous = self._ambiguous.note
 
     def _cancel_copy(self, result: SendResult) -> bool:
         self._check_open()
         return self._cancel_on(result)
+
+    def _lookup_copy(self, topic: str, msg_id: str, broker: str) -> str | None:
+        self._check_open()
+        plan = lifecycle.plan_lookup_on(self._core, topic, msg_id, broker, self._addr_of(broker))
+        state: str | None = run_sync(plan, self._http)
+        return state
 
     # --- fork safety ----------------------------------------------------------------
 
@@ -320,12 +326,16 @@ class Producer(ProducerBase):
             info = self._core.store_route(topic, self._ns.get_route(topic))
         return master_addrs(info.route)
 
-    def _cancel_on(self, result: SendResult) -> bool:
-        addr = self._core.routes.resolve(result.broker_name)
+    def _addr_of(self, broker: str) -> str:
+        addr = self._core.routes.last_addr(broker)
         if addr is None:
             raise BrokerUnavailableError(
-                f"broker {result.broker_name} is in no known route", broker_name=result.broker_name
+                f"broker {broker} is in no known route", broker_name=broker
             )
+        return addr
+
+    def _cancel_on(self, result: SendResult) -> bool:
+        addr = self._addr_of(result.broker_name)
         return bool(run_sync(lifecycle.plan_cancel(self._core, result, addr), self._http))
 
     def flush(self, timeout: float | None = None) -> None:

@@ -50,6 +50,7 @@ class RouteCache:
         )
         self._last_good: dict[str, TopicPublishInfo] = {}
         self._addrs: dict[str, str] = {}
+        self._last_addrs: dict[str, str] = {}  # every broker's last known address
         self._lock = threading.Lock()
         self._on_stale: Callable[[str], None] | None = None
 
@@ -124,8 +125,14 @@ class RouteCache:
         """Master address of a broker in any current route; None if it left every route."""
         return self._addrs.get(broker_name)
 
+    def last_addr(self, broker_name: str) -> str | None:
+        """Master address of a broker in any current route, else the last one it had: a
+        broker that left the routes (expired while down) usually comes back there."""
+        return self._addrs.get(broker_name) or self._last_addrs.get(broker_name)
+
     def _rebuild_addrs(self) -> None:
         addrs: dict[str, str] = {}
         for info in self._last_good.values():
             addrs.update(info.broker_addrs)
         self._addrs = addrs  # replaced whole: readers without the lock see old or new
+        self._last_addrs = {**self._last_addrs, **addrs}
