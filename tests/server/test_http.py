@@ -106,6 +106,9 @@ def _app(wait_s: float = 5.0) -> Application:
         release.set()
         return Response(body=b"ok")
 
+    async def pending(request: Request) -> Response:
+        return Response(body=str(request.app.pending_handlers).encode())
+
     async def stamp(request: Request, handler: Any) -> Response:
         request["seen"] = True
         resp = await handler(request)
@@ -122,6 +125,7 @@ def _app(wait_s: float = 5.0) -> Application:
     app.router.add_get("/refuse", refuse)
     app.router.add_get("/wait", wait)
     app.router.add_get("/release", let_go)
+    app.router.add_get("/pending", pending)
     return app
 
 
@@ -177,6 +181,38 @@ def test_keep_alive_and_pipelining_answer_in_order(served: Served) -> None:
         assert answers[0][1]["x-seen"] == "True"  # middleware and per-request storage
         sock.sendall(_request("POST", "/echo", b"again"))
         assert _read_response(f)[2] == b"again"
+
+
+def test_handlers_see_the_requests_still_waiting_in_their_loop_iteration(
+    served: Served,
+) -> None:
+    """Requests read in one loop iteration: each handler sees how many are still waiting
+    to be handled after it (the broker commits at once only when none is)."""
+    socks = [served.connect() for _ in range(3)]
+    files = [s.makefile("rb") for s in socks]
+    try:
+        for s, f in zip(socks, files, strict=True):  # connected and idle
+            s.sendall(_request("GET", "/pending"))
+            assert _read_response(f)[2] == b"0"
+        held, go = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            held.set()
+            go.wait(10)
+
+        served.loop.call_soon_threadsafe(hold)  # the loop reads nothing meanwhile
+        assert held.wait(10)
+        for s in socks:
+            s.sendall(_request("GET", "/pending"))
+        go.set()
+        seen = sorted(_read_response(f)[2] for f in files)
+        assert seen == [b"0", b"1", b"2"]
+        assert served.app.pending_handlers == 0
+    finally:
+        for f in files:
+            f.close()
+        for s in socks:
+            s.close()
 
 
 def test_http10_and_connection_close_end_the_connection(served: Served) -> None:

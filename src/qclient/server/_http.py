@@ -267,6 +267,9 @@ class Application(_State):
         #: ``async def ctx(app)`` generators: code before ``yield`` runs at startup,
         #: after it at cleanup (in reverse order)
         self.cleanup_ctx: list[Callable[[Application], AsyncIterator[None]]] = []
+        #: requests handed to a handler that has not started yet (kept by the server): a
+        #: handler that sees 0 is the last one its loop iteration runs
+        self.pending_handlers = 0
         self._state: dict[str, Any] = {}
         self._not_found = self._wrap(_not_found)
         self._not_allowed = self._wrap(_not_allowed)

@@ -275,9 +275,12 @@ class _Connection(asyncio.Protocol):
         return wire.JSON
 
     def _start(self, request: Request, keep_alive: bool) -> None:
+        # (a handler cancelled before it starts -- a stopping server -- stays counted)
+        self._app.pending_handlers += 1
         self._task = self._loop.create_task(self._handle(request, keep_alive))
 
     async def _handle(self, request: Request, keep_alive: bool) -> None:
+        self._app.pending_handlers -= 1
         self._server.in_flight += 1
         try:
             handler = self._app.router.resolve(request)

@@ -57,6 +57,21 @@ def test_a_lone_send_commits_on_the_loop_thread(store: DelayStore) -> None:
     assert threads == {threading.current_thread().name}
 
 
+def test_alone_commits_at_once_unless_a_group_is_forming(store: DelayStore) -> None:
+    async def main() -> None:
+        committer = LoopCommitter(store, asyncio.get_running_loop())
+        now = committer.submit(_msgs("now"), alone=True)
+        assert now.done() and not now.result()[0].duplicate  # durable on return
+        first = committer.submit(_msgs("g1"))  # another request still to come
+        last = committer.submit(_msgs("g2"), alone=True)  # joins the group forming
+        assert not first.done() and not last.done()
+        await asyncio.gather(first, last)
+
+    before = _groups(store)
+    asyncio.run(main())
+    assert _groups(store) - before == 2
+
+
 def test_sends_of_one_iteration_share_one_group(store: DelayStore) -> None:
     async def main() -> list[list[str]]:
         committer = LoopCommitter(store, asyncio.get_running_loop())

@@ -241,7 +241,9 @@ class Broker:
                 # store's own input checks would do again; topics: those of to_store
                 # when it is all of msgs (then the store need not collect them again)
                 stored = await self.committer.submit(
-                    to_store, topic_names if index is None else None
+                    to_store,
+                    topic_names if index is None else None,
+                    alone=not request.app.pending_handlers,
                 )
             except StoreBusyError as exc:
                 raise ApiError(503, ErrorCode.BROKER_BUSY, f"broker busy: {exc}") from None
