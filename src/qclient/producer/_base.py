@@ -47,6 +47,8 @@ class ProducerBase:
         )
         self._closed = False
         self._pid = os.getpid()
+        #: set in a forked child by the at-fork hook, so a send checks a flag, not getpid()
+        self._in_child = False
         _LIVE.add(self)
 
     @property
@@ -83,17 +85,19 @@ class ProducerBase:
     def _check_open(self) -> None:
         if self._closed:
             raise ProducerClosedError("producer is closed")
-        if self._pid != os.getpid():
+        if self._in_child:
             self._forked()
 
     def _forked(self) -> None:
         """First use in a child process (``os.fork()`` after the producer was made): the
         parent's threads did not come along. Subclasses restart what they need."""
         self._pid = os.getpid()
+        self._in_child = False
 
     def _after_fork_in_child(self) -> None:
         """Right after ``os.fork()``, in the child: fresh locks for the shared state (a
         lock the parent's other threads held at the fork would never be released here)."""
+        self._in_child = True
         self._core.after_fork_in_child()
 
     def __repr__(self) -> str:

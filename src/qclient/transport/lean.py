@@ -25,7 +25,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping
-from typing import NamedTuple
+from typing import NamedTuple, cast
 from urllib.parse import urlsplit
 
 import httptools
@@ -37,7 +37,13 @@ __all__ = ["LeanResponse", "LeanTransport", "parse_origin"]
 KEEPALIVE_EXPIRY = 30.0
 #: idle connections kept per origin; more requests in flight than this open extra ones
 MAX_IDLE_PER_ORIGIN = 64
+#: a connection idle at least this long is checked for a close (or stray bytes) from the
+#: server before reuse; one used more recently is not (its server has not timed it out),
+#: and one closed anyway is found stale by the exchange and retried on a new connection
+CHECK_IDLE_AFTER = 1.0
 _RECV = 65536
+#: one small request is written with one ``send``; a bigger body goes separately
+_ONE_WRITE = 65536
 
 
 class LeanResponse(NamedTuple):
@@ -92,21 +98,41 @@ class _Reader:
 
 
 class _Connection:
-    __slots__ = ("idle_since", "origin", "sock")
+    """A non-blocking socket and the poll object its waits use: a wait is one ``poll``,
+    a read or write one syscall (a socket timeout would add a ``poll`` before every
+    ``send`` and an ``ioctl`` per change of timeout)."""
+
+    __slots__ = ("idle_since", "origin", "poller", "sock", "tls")
 
     def __init__(self, origin: _Origin, sock: socket.socket) -> None:
         self.origin = origin
         self.sock = sock
+        self.tls = isinstance(sock, ssl.SSLSocket)
+        sock.settimeout(0.0)
+        self.poller = select.poll()
+        self.poller.register(sock, select.POLLIN)
         self.idle_since = 0.0
+
+    def wait(self, deadline: float, exc: type[httpx.TimeoutException], what: str) -> None:
+        """Until the socket is readable, or ``exc`` when the deadline passes first."""
+        while not self.poller.poll(_timeout_left(deadline, exc, what) * 1000 + 1):
+            pass  # woken before the deadline with nothing to read: look at the time again
+
+    def wait_writable(self, deadline: float) -> None:
+        """Until the socket takes more bytes, or ``WriteTimeout``."""
+        self.poller.modify(self.sock, select.POLLOUT)
+        try:
+            self.wait(deadline, httpx.WriteTimeout, "write")
+        finally:
+            self.poller.modify(self.sock, select.POLLIN)
 
     def alive(self) -> bool:
         """An idle connection is reusable only if the server has not closed it (or sent
         anything unasked): then reading it would return EOF or stray bytes."""
         try:
-            readable, _, _ = select.select([self.sock], [], [], 0)
+            return not self.poller.poll(0)
         except (OSError, ValueError):
             return False
-        return not readable
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -188,7 +214,8 @@ class LeanTransport(httpx.BaseTransport, _PoolSettings):
             idle = self._idle.get(origin)
             while idle:
                 conn = idle.pop()  # most recently used first: the warmest socket
-                if now - conn.idle_since < self._expiry and conn.alive():
+                age = now - conn.idle_since
+                if age < CHECK_IDLE_AFTER or (age < self._expiry and conn.alive()):
                     return conn, True
                 conn.close()
         return self._connect(origin, deadline), False
@@ -278,28 +305,24 @@ class LeanTransport(httpx.BaseTransport, _PoolSettings):
         parser = reader.parser
         received = False
         try:
-            sock.settimeout(_timeout_left(deadline, httpx.WriteTimeout, "write"))
-            if body:
-                data = memoryview(head + body) if len(body) < 65536 else None
-                if data is not None:
-                    sent = sock.send(data)
-                    if sent < len(data):
-                        sock.sendall(data[sent:])
-                else:
-                    sock.sendall(head)
-                    sock.sendall(body)
+            if len(body) < _ONE_WRITE:
+                _write(conn, head + body, deadline)
             else:
-                sock.sendall(head)
-        except TimeoutError as exc:
-            raise httpx.WriteTimeout("write timed out") from exc
+                _write(conn, head, deadline)
+                _write(conn, body, deadline)
         except (BrokenPipeError, ConnectionResetError) as exc:
             raise _StaleConnection() from exc
         except OSError as exc:
             raise httpx.WriteError(str(exc)) from exc
+        tls = conn.tls
         try:
             while not reader.complete:
-                sock.settimeout(_timeout_left(deadline, httpx.ReadTimeout, "read"))
-                chunk = sock.recv(_RECV)
+                if not (tls and cast(ssl.SSLSocket, sock).pending()):
+                    conn.wait(deadline, httpx.ReadTimeout, "read")
+                try:
+                    chunk = sock.recv(_RECV)
+                except (BlockingIOError, InterruptedError, ssl.SSLWantReadError):
+                    continue  # not a whole TLS record yet
                 if not chunk:
                     if not received:
                         raise _StaleConnection()
@@ -308,15 +331,13 @@ class LeanTransport(httpx.BaseTransport, _PoolSettings):
                 parser.feed_data(chunk)
                 if head_only and reader.headers_done:
                     break
-        except TimeoutError as exc:
-            raise httpx.ReadTimeout("read timed out") from exc
         except ConnectionResetError as exc:
             if not received:
                 raise _StaleConnection() from exc
             raise httpx.ReadError(str(exc)) from exc
         except httptools.HttpParserError as exc:
             raise httpx.RemoteProtocolError(f"malformed response: {exc}") from exc
-        except OSError as exc:
+        except (OSError, ssl.SSLError) as exc:
             raise httpx.ReadError(str(exc)) from exc
         content = reader.body[0] if len(reader.body) == 1 else b"".join(reader.body)
         return LeanResponse(parser.get_status_code(), reader.headers, content), reader.keep_alive
@@ -365,6 +386,26 @@ class LeanTransport(httpx.BaseTransport, _PoolSettings):
             for c in idle:
                 c.close()
         self._idle = {}
+
+
+def _write(conn: _Connection, data: bytes, deadline: float) -> None:
+    """All of ``data`` by ``deadline`` (``WriteTimeout``): one ``send`` when the socket
+    buffer takes it, as it does for a request on an idle keep-alive connection."""
+    sock = conn.sock
+    view: memoryview | None = None
+    while True:
+        try:
+            sent = sock.send(data if view is None else view)
+        except (BlockingIOError, InterruptedError, ssl.SSLWantWriteError):
+            sent = 0
+        if view is None:
+            if sent == len(data):
+                return
+            view = memoryview(data)
+        view = view[sent:]
+        if not view:
+            return
+        conn.wait_writable(deadline)
 
 
 class _StaleConnection(Exception):
