@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 from urllib.parse import parse_qsl, unquote
 
 import msgspec
-from multidict import CIMultiDictProxy, MultiDict, MultiDictProxy
+from multidict import CIMultiDict, CIMultiDictProxy, MultiDict, MultiDictProxy
 
 from ..protocol import wire
 from ..protocol.wire import ErrorCode
@@ -34,6 +34,7 @@ __all__ = [
     "error_middleware",
     "error_response",
     "make_app",
+    "media_type_of",
     "read_body",
     "reply",
     "response_type",
@@ -89,15 +90,27 @@ class _State(MutableMapping[str, Any]):
         return self is other
 
 
+def media_type_of(value: str | bytes | None) -> str:
+    """The media type of a ``Content-Type`` value (lower case, no parameters)."""
+    if not value:
+        return DEFAULT_CONTENT_TYPE
+    if isinstance(value, bytes):
+        value = value.decode("latin-1")
+    return value.partition(";")[0].strip().lower()
+
+
 class Request(_State):
     """One parsed request; also a per-request dict (``request["k"]``) for middlewares."""
 
     __slots__ = (
         "_body",
+        "_headers",
         "_query",
+        "_raw_headers",
+        "_response_type",
         "_state",
         "app",
-        "headers",
+        "content_type",
         "match_info",
         "method",
         "path",
@@ -112,18 +125,30 @@ class Request(_State):
         method: str,
         raw_path: str,
         query_string: str,
-        headers: CIMultiDictProxy[str],
+        headers: list[tuple[bytes, bytes]],
         body: bytes,
         app: Application,
         *,
         version: str = "1.1",
         remote: str | None = None,
+        content_type: str | None = None,
     ) -> None:
+        """``headers``: as received, latin-1 bytes (turned into :attr:`headers` when
+        asked for); ``content_type``: the media type of its Content-Type, if the caller
+        has it already."""
         self.method = method
         self.raw_path = raw_path
         self.path = unquote(raw_path) if "%" in raw_path else raw_path
         self.query_string = query_string
-        self.headers = headers
+        self._raw_headers = headers
+        self._headers: CIMultiDictProxy[str] | None = None
+        #: the media type of ``Content-Type`` (lower case, no parameters)
+        self.content_type = (
+            content_type
+            if content_type is not None
+            else media_type_of(next((v for n, v in headers if n.lower() == b"content-type"), None))
+        )
+        self._response_type: str | None = None
         self.version = version
         self.remote = remote
         self.app = app
@@ -133,12 +158,14 @@ class Request(_State):
         self._query: MultiDictProxy[str] | None = None
 
     @property
-    def content_type(self) -> str:
-        """The media type of ``Content-Type`` (lower case, no parameters)."""
-        value = self.headers.get("Content-Type")
-        if not value:
-            return DEFAULT_CONTENT_TYPE
-        return value.partition(";")[0].strip().lower()
+    def headers(self) -> CIMultiDictProxy[str]:
+        if self._headers is None:
+            self._headers = CIMultiDictProxy(
+                CIMultiDict(
+                    (n.decode("latin-1"), v.decode("latin-1")) for n, v in self._raw_headers
+                )
+            )
+        return self._headers
 
     @property
     def content_length(self) -> int:
@@ -284,8 +311,10 @@ class Application(_State):
 
 
 def _bind(mw: Middleware, handler: Handler) -> Handler:
-    async def bound(request: Request) -> Response:
-        return await mw(request, handler)
+    # a plain function handing over the middleware's own awaitable: one coroutine per
+    # middleware and request, not two
+    def bound(request: Request) -> Awaitable[Response]:
+        return mw(request, handler)
 
     return bound
 
@@ -315,7 +344,11 @@ def error_response(status: int, code: str, message: str, content_type: str = wir
 
 
 def response_type(request: Request) -> str:
-    return wire.media_type(request.content_type)
+    """The encoding of the answer: the request's own, JSON if it names none we know."""
+    ct = request._response_type
+    if ct is None:
+        ct = request._response_type = wire.media_type(request.content_type)
+    return ct
 
 
 def reply(request: Request, obj: Any, status: int = 200) -> Response:

@@ -25,11 +25,10 @@ from http import HTTPStatus
 from pathlib import Path
 
 import httptools
-from multidict import CIMultiDict, CIMultiDictProxy
 
 from ..protocol import wire
 from ..protocol.wire import ErrorCode
-from ._http import Application, Request, Response, error_response
+from ._http import Application, Request, Response, error_response, media_type_of
 
 __all__ = ["serve", "start_server"]
 
@@ -119,7 +118,8 @@ class _Connection(asyncio.Protocol):
 
     def _reset(self) -> None:
         self._url = b""
-        self._headers: list[tuple[str, str]] = []
+        self._headers: list[tuple[bytes, bytes]] = []
+        self._content_type: bytes | None = None
         self._head_bytes = 0
         self._head_done = False
         self._body: list[bytes] = []
@@ -191,15 +191,16 @@ class _Connection(asyncio.Protocol):
             raise self._error(400, f"request line longer than {MAX_LINE_BYTES} bytes")
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        size = len(name) + len(value)
+        self._head_bytes += size
         headers = self._headers
-        if len(headers) >= MAX_HEADERS:
-            raise self._error(400, f"more than {MAX_HEADERS} header fields")
-        if len(name) + len(value) > MAX_LINE_BYTES:
-            raise self._error(400, f"a header field longer than {MAX_LINE_BYTES} bytes")
-        self._head_bytes += len(name) + len(value)
-        if self._head_bytes > MAX_HEAD_BYTES:
+        headers.append((name, value))  # kept as bytes: decoded if a handler asks
+        if len(headers) > MAX_HEADERS or size > MAX_LINE_BYTES or self._head_bytes > MAX_HEAD_BYTES:
+            if len(headers) > MAX_HEADERS:
+                raise self._error(400, f"more than {MAX_HEADERS} header fields")
+            if size > MAX_LINE_BYTES:
+                raise self._error(400, f"a header field longer than {MAX_LINE_BYTES} bytes")
             raise self._error(400, f"request headers larger than {MAX_HEAD_BYTES} bytes")
-        headers.append((name.decode("latin-1"), value.decode("latin-1")))
 
     def on_headers_complete(self) -> None:
         self._head_done = True
@@ -207,10 +208,13 @@ class _Connection(asyncio.Protocol):
         expect = False
         for name, value in self._headers:
             lname = name.lower()
-            if lname == "content-length":
-                with contextlib.suppress(ValueError):
+            if lname == b"content-length":
+                if value.strip().isdigit():
                     length = int(value)
-            elif lname == "expect" and value.lower() == "100-continue":
+            elif lname == b"content-type":
+                if self._content_type is None:
+                    self._content_type = value
+            elif lname == b"expect" and value.lower() == b"100-continue":
                 expect = True
         if length > self._max_body:
             self._oversized = True
@@ -241,11 +245,12 @@ class _Connection(asyncio.Protocol):
             parser.get_method().decode("latin-1"),
             raw_path.decode("latin-1"),
             query.decode("latin-1"),
-            CIMultiDictProxy(CIMultiDict(self._headers)),
+            self._headers,
             body[0] if len(body) == 1 else b"".join(body),
             self._app,
             version=parser.get_http_version(),
             remote=self._remote,
+            content_type=media_type_of(self._content_type),
         )
         keep_alive = parser.should_keep_alive()
         self._reset()
@@ -262,16 +267,16 @@ class _Connection(asyncio.Protocol):
 
     def _error(self, status: int, message: str) -> _HttpError:
         code = {413: ErrorCode.PAYLOAD_TOO_LARGE}.get(status, ErrorCode.INVALID_REQUEST)
-        return _HttpError(status, code, message, self._content_type())
+        return _HttpError(status, code, message, self._error_type())
 
     def _too_large(self) -> _HttpError:
         return self._error(413, f"request body larger than {self._max_body} bytes")
 
-    def _content_type(self) -> str:
+    def _error_type(self) -> str:
+        """The encoding of an error answer the server gives itself (JSON if unknown)."""
         for name, value in self._headers:
-            if name.lower() == "content-type":
-                ct = value.partition(";")[0].strip().lower()
-                return wire.media_type(ct)
+            if name.lower() == b"content-type":
+                return wire.media_type(media_type_of(value))
         return wire.JSON
 
     def _start(self, request: Request, keep_alive: bool) -> None:
