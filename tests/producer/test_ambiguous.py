@@ -116,6 +116,30 @@ def test_hung_broker_copy_never_fires_twice() -> None:
         assert all(counts[i] == 1 for i in ids), {i: n for i, n in counts.items() if n != 1}
 
 
+def test_id_broker_is_asked_again_shortly_before_the_copy_is_due() -> None:
+    """Nothing on the id's own broker when it answers again; a re-send may reach it later,
+    so it is asked once more shortly before the message is due."""
+    now = [time.time() * 1000]
+    answers = iter([None, "scheduled"])
+    cancels: list[str] = []
+
+    def lookup(topic: str, msg_id: str, broker: str) -> str | None:
+        return "scheduled" if broker == "b" else next(answers)
+
+    copies = AmbiguousCopies(
+        lambda r: cancels.append(r.broker_name) is None, lookup, clock_ms=lambda: now[0]
+    )
+    try:
+        copies.note(_result("b", now[0] + 60_000), (), home="a")
+        wait_until(lambda: copies.counts["asked_late"] == 0 and not copies.pending(), 5, "ask")
+        assert cancels == [] and copies.counts["not_found"] == 0
+        now[0] += 58_500  # 1.5 s before it is due
+        wait_until(lambda: copies.counts["cancelled"] == 1, 5, "the late ask and cancel")
+        assert cancels == ["a"] and copies.counts["asked_late"] == 1
+    finally:
+        copies.close()
+
+
 def test_copy_stays_when_the_acknowledged_one_is_gone() -> None:
     """Another producer may have cancelled the acknowledged copy (keeping this one): then
     this copy is the message, and it stays."""
@@ -141,11 +165,12 @@ def test_copy_stays_when_the_acknowledged_one_is_gone() -> None:
         copies.close()
 
 
-def test_id_resent_while_its_broker_is_down_fires_once() -> None:
-    """Ids acknowledged by their own broker (a), then -- a killed -- re-sent by another
-    producer and acknowledged by b: once a is back, the copies a stored before its crash
-    are cancelled, b's stay, and each id fires once. Ids first sent while a was down
-    (nothing on a) are asked about once and forgotten."""
+def test_id_resent_across_its_brokers_outage_fires_once() -> None:
+    """a (the ids' own broker) is killed. Ids a acknowledged before are re-sent by another
+    producer, acknowledged by b: once a is back, a's copies are cancelled. Ids first sent
+    while a was down (to b) are re-sent after a is back, by a third producer, to a: a's
+    new copies are found by the ask shortly before they are due, and cancelled. Each id
+    fires once, from b."""
     with LocalCluster(brokers=2) as cluster:
         a = cluster.broker("broker-a")
         *ids, warm_a = _ids_of("broker-a", "broker-b", 13)
@@ -170,15 +195,24 @@ def test_id_resent_while_its_broker_is_down_fires_once() -> None:
                     p2.send_delayed("away", i, deliver_at=r.deliver_at_ms / 1000, msg_id=i)
                     for i, r in zip(old, first, strict=True)
                 ]
-                again += [p2.send_delayed("away", i, delay=10.0, msg_id=i) for i in new]
+                during = [p2.send_delayed("away", i, delay=10.0, msg_id=i) for i in new]
             finally:
                 a.start()
-            assert {r.broker_name for r in again} == {"broker-b"}
+            assert {r.broker_name for r in again + during} == {"broker-b"}
             counts = p2._ambiguous.counts
             assert counts["noted_away"] == len(ids), counts
-            wait_until(lambda: p2._ambiguous.pending() == 0, 15, "the copies on a to be settled")
-            assert counts["cancelled"] == len(old), counts
-            assert counts["not_found"] == len(new), counts
+            with Producer(cluster.namesrv) as p3:
+                after = [
+                    p3.send_delayed("away", i, deliver_at=r.deliver_at_ms / 1000, msg_id=i)
+                    for i, r in zip(new, during, strict=True)
+                ]
+            assert {r.broker_name for r in after} == {"broker-a"}
+            wait_until(
+                lambda: counts["cancelled"] + counts["not_found"] == len(ids),
+                20,
+                "the copies on a to be settled",
+            )
+            assert counts["cancelled"] == len(ids), counts
         got = drain(cluster.namesrv, "away", "g", expected=len(ids) + 3, timeout=25, settle=0.5)
         by_id = Counter(m.msg_id for m in got)
         assert all(by_id[i] == 1 for i in ids), {i: n for i, n in by_id.items() if n != 1}

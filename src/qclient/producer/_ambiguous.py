@@ -6,8 +6,9 @@ Two ways leave a message stored on two brokers:
   still have been stored by that broker (it was slow, or crashed after its fsync); the
   retry acknowledged by another broker is a second copy;
 - a caller-chosen id belongs to one broker (``select_for_id``), which deduplicates its
-  re-sends; while that broker is down a re-send goes to another one, which cannot know
-  the id, so the copy stored before the outage and the re-sent one both fire.
+  re-sends; while that broker is down a send goes to another one, which cannot know the
+  id: a copy stored before the outage and the re-sent one both fire -- and so do the
+  one stored during the outage and a re-send after it, back on the id's own broker.
 
 A delayed message is invisible until it fires, so the extra copy can be removed in time:
 the producer remembers ``(topic, id, broker)`` with the broker that acknowledged it (the
@@ -19,11 +20,14 @@ Never both copies: a copy is cancelled only while the acknowledged one is still
 scheduled (or fired) -- another producer may have cancelled that one, keeping this one.
 
 A broker may answer before it has stored the late request (both were queued while it
-hung), so "not found" is asked again a few times before an ambiguous copy is dropped.
+hung), so "not found" is asked again a few times before an ambiguous copy is dropped. The
+id's own broker is asked once when it answers again and, if it had no copy, once more
+shortly before the message is due (a re-send may have reached it since).
 """
 
 from __future__ import annotations
 
+import heapq
 import logging
 import threading
 import time
@@ -44,6 +48,9 @@ _NOT_FOUND_ASKS = 4  # "not found" answers, _RETRY_S apart, before a copy is dro
 #: the same for the id's own broker after a re-send elsewhere: a copy there was stored
 #: before the outage (found at once); a late request there is its sender's ambiguous copy
 _AWAY_ASKS = 1
+#: the id's own broker is asked again this long before the message is due (time for the
+#: lookups and the cancel to get there before it fires)
+_LATE_ASK_MS = 2000
 _MAX_PENDING = 100_000  # memory bound: beyond it the oldest are dropped (they may fire twice)
 
 
@@ -67,6 +74,7 @@ class _Copy:
     asks: int  # "not found" answers before it is dropped
     not_found: int = 0
     asked_at: float = 0.0  # time.monotonic() of the last "not found"
+    late_ask: bool = False  # owed one more ask shortly before it is due
 
 
 #: ``lookup(topic, msg_id, broker)``: the state of that broker's copy, None if it has none
@@ -88,6 +96,9 @@ class AmbiguousCopies:
         self._lookup = lookup
         self._clock_ms = clock_ms or (lambda: time.time() * 1000)
         self._pending: dict[tuple[str, str, str], _Copy] = {}
+        #: copies owed a late ask, and the heap of (time of that ask, key)
+        self._deferred: dict[tuple[str, str, str], _Copy] = {}
+        self._later: list[tuple[float, tuple[str, str, str]]] = []
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._closed = False
@@ -99,6 +110,7 @@ class AmbiguousCopies:
             "noted_away": 0,
             "cancelled": 0,
             "not_found": 0,
+            "asked_late": 0,
             "too_late": 0,
             "gone": 0,
             "kept": 0,
@@ -123,13 +135,20 @@ class AmbiguousCopies:
                     self.counts["noted"] += 1
             if home is not None and home != keep:
                 key = (acked.topic, acked.msg_id, home)
-                if key not in self._pending:
+                if key not in self._pending and key not in self._deferred:
                     self._pending[key] = _Copy(
-                        acked.topic, acked.msg_id, home, acked.deliver_at_ms, keep, _AWAY_ASKS
+                        acked.topic,
+                        acked.msg_id,
+                        home,
+                        acked.deliver_at_ms,
+                        keep,
+                        _AWAY_ASKS,
+                        late_ask=True,
                     )
                     self.counts["noted_away"] += 1
-            while len(self._pending) > _MAX_PENDING:
-                del self._pending[next(iter(self._pending))]
+            while len(self._pending) + len(self._deferred) > _MAX_PENDING:
+                held = self._deferred or self._pending  # the late asks go first
+                del held[next(iter(held))]
                 self.counts["dropped"] += 1
             if self._thread is None and self._pending:
                 self._thread = threading.Thread(
@@ -139,6 +158,7 @@ class AmbiguousCopies:
         self._wake.set()
 
     def pending(self) -> int:
+        """Copies being asked about now (not those waiting for their late ask)."""
         return len(self._pending)
 
     def _run(self) -> None:
@@ -154,8 +174,16 @@ class AmbiguousCopies:
         """Start a worker for each broker with pending copies that has none running and
         did not fail within ``_RETRY_S`` (a hung broker holds up only its own copies)."""
         now = time.monotonic()
+        now_ms = self._clock_ms()
         by_broker: dict[str, list[_Copy]] = {}
         with self._lock:
+            later, deferred = self._later, self._deferred
+            while later and later[0][0] <= now_ms:
+                key = heapq.heappop(later)[1]
+                c = deferred.pop(key, None)
+                if c is not None:
+                    self._pending.setdefault(key, c)
+                    self.counts["asked_late"] += 1
             for c in self._pending.values():
                 by_broker.setdefault(c.broker, []).append(c)
             todo = [
@@ -232,8 +260,18 @@ class AmbiguousCopies:
     def _not_found(self, c: _Copy) -> None:
         c.not_found += 1
         c.asked_at = time.monotonic()
-        if c.not_found >= c.asks:
-            self._done(c, "not_found")
+        if c.not_found < c.asks:
+            return
+        at = c.deliver_at_ms - _LATE_ASK_MS
+        if c.late_ask and at > self._clock_ms() + 2000 * _RETRY_S:
+            c.late_ask, c.not_found = False, 0
+            key = (c.topic, c.msg_id, c.broker)
+            with self._lock:
+                if self._pending.pop(key, None) is not None and not self._closed:
+                    self._deferred[key] = c
+                    heapq.heappush(self._later, (at, key))
+            return
+        self._done(c, "not_found")
 
     def _done(self, c: _Copy, how: str) -> None:
         with self._lock:
