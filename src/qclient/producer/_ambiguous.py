@@ -51,6 +51,8 @@ _AWAY_ASKS = 1
 #: the id's own broker is asked again this long before the message is due (time for the
 #: lookups and the cancel to get there before it fires)
 _LATE_ASK_MS = 2000
+_PARALLEL = 4  # threads asking one broker at once
+_PER_THREAD = 16  # copies per thread before another one helps
 _MAX_PENDING = 100_000  # memory bound: beyond it the oldest are dropped (they may fire twice)
 
 
@@ -198,9 +200,29 @@ class AmbiguousCopies:
             ).start()
 
     def _broker_round(self, broker: str, copies: list[_Copy]) -> None:
-        """Cancel one broker's copies, in order, until it does not answer."""
+        """Settle one broker's copies, the soonest due first, on up to ``_PARALLEL``
+        threads (a broker back from an outage may owe hundreds of answers at once)."""
+        copies.sort(key=lambda c: c.deliver_at_ms)
+        n = min(_PARALLEL, -(-len(copies) // _PER_THREAD))
         try:
-            if not self._settle(copies):
+            if n <= 1:
+                ok = self._settle(copies)
+            else:
+                oks = [True] * n
+
+                def part(i: int) -> None:
+                    try:
+                        oks[i] = self._settle(copies[i::n])
+                    except Exception:  # a bug here must not stop later rounds
+                        log.exception("cancelling extra copies on %s failed", broker)
+
+                threads = [threading.Thread(target=part, args=(i,), daemon=True) for i in range(n)]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+                ok = all(oks)
+            if not ok:
                 self._failed_at[broker] = time.monotonic()
         except Exception:  # a bug here must not stop later rounds
             log.exception("cancelling extra copies on %s failed", broker)
