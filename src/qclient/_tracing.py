@@ -96,6 +96,8 @@ class _Send:
 #: cached span attributes per (topic, broker, address, queue) and per address; a
 #: producer sees a handful of each, the bound only guards against unbounded topic names
 _CACHE_MAX = 4096
+#: a byte as two hex digits (the W3C trace flags)
+_HEX_BYTE = [f"{i:02x}" for i in range(256)]
 
 
 if AVAILABLE:
@@ -146,7 +148,11 @@ if AVAILABLE:
     def _inject(sc: Any, wires: Sequence[Any]) -> None:
         """Put a span context into each message's properties as W3C ``traceparent``
         (and ``tracestate`` when it has entries)."""
-        parent = f"00-{sc.trace_id:032x}-{sc.span_id:016x}-{sc.trace_flags:02x}"
+        # bytes.hex() and a table: half the CPU of the same f-string (128-bit int formats)
+        parent = (
+            f"00-{sc.trace_id.to_bytes(16, 'big').hex()}-{sc.span_id.to_bytes(8, 'big').hex()}"
+            f"-{_HEX_BYTE[sc.trace_flags]}"
+        )
         state = sc.trace_state.to_header() if sc.trace_state else None
         for w in wires:
             props = w.properties
