@@ -57,14 +57,17 @@ def test_a_lone_send_commits_on_the_loop_thread(store: DelayStore) -> None:
     assert threads == {threading.current_thread().name}
 
 
-def test_alone_commits_at_once_unless_a_group_is_forming(store: DelayStore) -> None:
+def test_store_now_commits_at_once_unless_a_group_is_forming(store: DelayStore) -> None:
     async def main() -> None:
-        committer = LoopCommitter(store, asyncio.get_running_loop())
-        now = committer.submit(_msgs("now"), alone=True)
-        assert now.done() and not now.result()[0].duplicate  # durable on return
-        first = committer.submit(_msgs("g1"))  # another request still to come
-        last = committer.submit(_msgs("g2"), alone=True)  # joins the group forming
-        assert not first.done() and not last.done()
+        committer = LoopCommitter(store, asyncio.get_running_loop(), inline_max_messages=8)
+        [now] = committer.store_now(_msgs("now")) or []  # durable on return
+        assert now.msg_id == "now-0" and not now.duplicate
+        [again] = committer.store_now(_msgs("now")) or []  # a duplicate: the original
+        assert again.duplicate and again.deliver_at_ms == now.deliver_at_ms
+        assert committer.store_now(_msgs("big", 9)) is None  # too large: submit it
+        first = committer.submit(_msgs("g1"))
+        assert committer.store_now(_msgs("g2")) is None  # a group is forming: join it
+        last = committer.submit(_msgs("g2"))
         await asyncio.gather(first, last)
 
     before = _groups(store)

@@ -247,10 +247,14 @@ class Broker:
                 # validated: the message checks did (more strictly) what the
                 # store's own input checks would do again; topics: those of to_store
                 # when it is all of msgs (then the store need not collect them again)
-                stored = await self.committer.submit(
-                    to_store,
-                    topic_names if index is None else None,
-                    alone=not request.app.pending_handlers,
+                topics = topic_names if index is None else None
+                # the last request of its loop iteration: nothing could join its group
+                alone = not request.app.pending_handlers
+                now_stored = self.committer.store_now(to_store, topics) if alone else None
+                stored = (
+                    now_stored
+                    if now_stored is not None
+                    else await self.committer.submit(to_store, topics)
                 )
             except StoreBusyError as exc:
                 raise ApiError(503, ErrorCode.BROKER_BUSY, f"broker busy: {exc}") from None

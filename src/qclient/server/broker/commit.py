@@ -7,8 +7,9 @@ as one group. A lone small request (no other send in this group or still being c
 commits on the loop thread: handing it to the store's committer thread and getting the
 answer back costs more (futex wake-ups, GIL hand-offs, a thread-safe callback) than its
 write, and the fdatasync releases the GIL anyway. When the caller knows that no other
-request is waiting to be handled in this iteration (``submit(alone=True)``), it commits
-at once, inside the handler: no callback, no wait, two loop iterations fewer. Anything
+request is waiting to be handled in this iteration (:meth:`LoopCommitter.store_now`),
+it commits at once, inside the handler: no callback, no futures, two loop iterations
+fewer. Anything
 else goes to the committer thread, so that under concurrency the loop keeps parsing and
 queueing the next requests while the disk syncs, and those form the next group.
 Durability is the store's: a future completes only after its group's fdatasync.
@@ -48,24 +49,23 @@ class LoopCommitter:
         self._messages = 0
         self._on_thread = 0  # requests handed to the committer thread, not yet answered
 
-    def submit(
-        self, msgs: list[NewMessage], topics: Iterable[str] | None = None, *, alone: bool = False
-    ) -> _Waiter:
+    def store_now(
+        self, msgs: list[NewMessage], topics: Iterable[str] | None = None
+    ) -> list[StoreResult] | None:
+        """For a caller that knows no other request waits to be handled in this loop
+        iteration: a small submit with no group forming is committed at once and its
+        results returned; None: not now, :meth:`submit` it. Raises what
+        ``DelayStore.store_now`` raises."""
+        if self._waiting or self._on_thread or len(msgs) > self._inline_max:
+            return None
+        return self._store.store_now(msgs, validated=True, topics=topics)
+
+    def submit(self, msgs: list[NewMessage], topics: Iterable[str] | None = None) -> _Waiter:
         """Queue validated messages (see ``DelayStore.submit``); the future completes when
-        they are durable. ``alone``: no other request waits to be handled in this loop
-        iteration, so a small submit with no group forming commits at once (the future is
-        done on return). Raises what ``DelayStore.submit`` raises."""
+        they are durable. Raises what ``DelayStore.submit`` raises."""
         done = self._store.submit(msgs, validated=True, topics=topics, defer=True)
         fut: _Waiter = self._loop.create_future()
-        if (
-            alone
-            and not self._waiting
-            and not self._on_thread
-            and len(msgs) <= self._inline_max
-            and not done.done()
-        ):
-            self._store.commit_pending()
-        if done.done():  # committed, or nothing to write (every message a duplicate)
+        if done.done():  # nothing to write (every message a duplicate)
             _copy(done, fut)
             return fut
         if not self._waiting:

@@ -187,8 +187,9 @@ class AppendFiles:
         if pending is None:
             pending = self._pending[key] = []
         pending.append(data)
-        self._sizes[key] = self._sizes.get(key, 0) + len(data)
-        self._pending_bytes += len(data)
+        n = len(data)
+        self._sizes[key] = self._sizes.get(key, 0) + n
+        self._pending_bytes += n
         if now or self._pending_bytes >= self.buffer_bytes:
             if now or self.buffer_bytes <= 0:
                 self._write(key)

@@ -65,26 +65,39 @@ class Batch:
 
     def __init__(self, n: int, *, cancel: bool = False):
         self.fut: Future[object] = Future()
+        self._init(n, cancel)
+
+    def _init(self, n: int, cancel: bool) -> None:
         self.results: list[StoreResult | None] = [None] * n
         self.entries: list[Entry] = []  # new records, each knowing its index
         self.deps: list[tuple[int, Entry]] = []  # duplicates of in-flight entries
         self.cancel = cancel
         self.nbytes = 0  # encoded bytes counted in the committer's pending bytes
 
+    def done(self) -> bool:
+        return self.fut.done()
+
     def complete(self) -> None:
+        self._deliver(self._outcome())
+
+    def _deliver(self, outcome: object) -> None:
+        if isinstance(outcome, BaseException):
+            self.fut.set_exception(outcome)
+        else:
+            self.fut.set_result(outcome)
+
+    def _outcome(self) -> object:
+        """The results (or the error) of the batch, its records being committed."""
         entries, deps = self.entries, self.deps
         self.entries, self.deps = [], []  # the future's result outlives the batch's entries
         for e in entries:
             if e.error is not None:
-                self.fut.set_exception(e.error)
-                return
+                return e.error
         for _, e in deps:
             if e.error is not None:
-                self.fut.set_exception(e.error)
-                return
+                return e.error
         if self.cancel:
-            self.fut.set_result(CancelOutcome(True, None))
-            return
+            return CancelOutcome(True, None)
         res = self.results
         if len(entries) == len(res):  # the common case: every message new
             self.results = []
@@ -94,7 +107,24 @@ class Batch:
                 res[e.index] = StoreResult(e.msg_id, e.queue_id, e.deliver_at, False)
         for i, e in deps:
             res[i] = StoreResult(e.msg_id, e.queue_id, e.deliver_at, True)
-        self.fut.set_result(res)
+        return res
+
+
+class NowBatch(Batch):
+    """A submit its caller commits itself on its own thread (``store_now``): the outcome
+    is kept on the batch, no future (and its condition variable) is made."""
+
+    __slots__ = ("outcome",)
+
+    def __init__(self, n: int):
+        self.outcome: object = None
+        self._init(n, False)
+
+    def done(self) -> bool:
+        return self.outcome is not None
+
+    def _deliver(self, outcome: object) -> None:
+        self.outcome = outcome
 
 
 class Committer:
@@ -123,8 +153,26 @@ class Committer:
         or in the dedupe table) with the original's result. ``defer``: do not wake the
         committer thread; the caller commits soon (:meth:`commit_pending`) or wakes it
         (:meth:`wake`)."""
-        sh = self._sh
         batch = Batch(len(msgs))
+        self._queue_batch(batch, msgs, datas, defer)
+        return batch.fut  # type: ignore[return-value]
+
+    def store_now(self, msgs: list[NewMessage], datas: list[bytes]) -> list[StoreResult]:
+        """:meth:`submit` and :meth:`commit_pending` on the calling thread in one: the
+        results once durable; raises what submit raises, or the group's error."""
+        batch = NowBatch(len(msgs))
+        self._queue_batch(batch, msgs, datas, True)
+        if not batch.done():
+            self.commit_pending()
+        outcome = batch.outcome
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome  # type: ignore[return-value]
+
+    def _queue_batch(
+        self, batch: Batch, msgs: list[NewMessage], datas: list[bytes], defer: bool
+    ) -> None:
+        sh = self._sh
         entries = batch.entries
         inflight = self._inflight
         dedupe_find = sh.dedupe.find
@@ -166,7 +214,6 @@ class Committer:
                     self._cv.notify()
         if not (n or batch.deps):
             batch.complete()
-        return batch.fut  # type: ignore[return-value]
 
     def in_flight(self, msg_id: str) -> bool:
         """Whether a submit of ``msg_id`` is being committed (not yet indexed/replayed)."""
@@ -233,7 +280,7 @@ class Committer:
                 self.pending_bytes -= b.nbytes
                 b.nbytes = 0
         for b in group:
-            if not b.fut.done():
+            if not b.done():
                 b.complete()
 
     def _commit(self, group: list[Batch]) -> None:
@@ -260,30 +307,40 @@ class Committer:
                     err = DiskFullError(f"no space left for the message log: {exc}")
                 self._fail(group, err)
                 return
+            n = len(entries)
             stats["fsyncs"] += 1
             stats["groups"] += 1
-            stats["appended"] += len(entries)
-            items = []
+            stats["appended"] += n
+            items = []  # replay items
+            indexed = []  # (msg_id, position, deliver_at) of the records the index keeps
+            stored = 0
             for e, pos in zip(entries, positions, strict=True):
                 e.position = pos
-                if e.kind == _RESCHEDULE:
+                kind = e.kind
+                if kind == _MSG:
+                    stored += 1
+                    items.append((pos, len(e.data), _MSG, e.deliver_at, e.ref))
+                    indexed.append((e.msg_id, pos, e.deliver_at))
+                elif kind == _RESCHEDULE:
                     items.append((pos, len(e.data), _MSG, e.deliver_at, 0))
                     items.append((pos, len(e.data), _CANCEL, e.prev_deliver_at, e.ref))
+                    indexed.append((e.msg_id, pos, e.deliver_at))
                 else:
-                    items.append((pos, len(e.data), e.kind, e.deliver_at, e.ref))
+                    items.append((pos, len(e.data), kind, e.deliver_at, e.ref))
+                    if kind != _CANCEL:
+                        indexed.append((e.msg_id, pos, e.deliver_at))
                 e.data = b""
             try:
                 # indexed before the replay offset passes them, so the checkpoint's fsync
                 # of the index covers everything it has replayed
-                if sh.files.ids is not None:
-                    sh.files.ids.add_stored(
-                        (e.msg_id, e.position, e.deliver_at) for e in entries if e.kind != _CANCEL
-                    )
+                if sh.files.ids is not None and indexed:
+                    sh.files.ids.add_stored(indexed)
                 self._replayer.replay(items, mlog.end)
             except Exception as exc:
                 # the records are durable: a restart replays them (the checkpoint stops here)
                 log.exception("schedule replay failed; the store stops accepting work")
                 sh.broken = exc
+            stats["stored"] += stored
             now = sh.clock()
             nbytes = 0
             for b in group:
@@ -291,10 +348,9 @@ class Committer:
                 b.nbytes = 0
             inflight = self._inflight
             dedupe = sh.dedupe
-            for i in range(0, len(entries), LOCK_CHUNK):
-                chunk = entries[i : i + LOCK_CHUNK]
+            for i in range(0, n, LOCK_CHUNK):
+                chunk = entries if n <= LOCK_CHUNK else entries[i : i + LOCK_CHUNK]
                 msgs = [e for e in chunk if e.kind in _SCHEDULING]
-                stats["stored"] += sum(e.kind == _MSG for e in msgs)
                 hashes = [e.h for e in msgs]
                 where = [e.position for e in msgs]
                 with sh.submit_lock:
@@ -303,8 +359,8 @@ class Committer:
                             del inflight[e.msg_id]
                     dedupe.add_many(hashes, where, now)
                     self.pending -= len(chunk)
-            with sh.submit_lock:
-                dedupe.expire(now)
-                self.pending_bytes -= nbytes
+                    if i + LOCK_CHUNK >= n:  # the last chunk
+                        dedupe.expire(now)
+                        self.pending_bytes -= nbytes
         for b in group:
             b.complete()

@@ -55,7 +55,7 @@ class Replayer:
         if end > MAX_POSITION:
             raise StoreError("message log beyond 1 TiB: segment retention is not implemented")
         sh = self._sh
-        horizon = sh.clock() + sh.config.load_ahead_ms
+        horizon = -1  # when a due bucket starts loading: read once, if an entry needs it
         wake_loader = False
         w = sh.wheel
         slog = sh.files.slog
@@ -66,8 +66,9 @@ class Replayer:
             bufs: dict[int, list[bytes]] = {}
             loaded: dict[int, bool] = {}  # bucket -> is_loaded (fixed while sched is held)
             notify = False
+            chunk = items if len(items) <= LOCK_CHUNK else items[i : i + LOCK_CHUNK]
             with sh.sched:
-                for pos, size, kind, deliver_at, ref in items[i : i + LOCK_CHUNK]:
+                for pos, size, kind, deliver_at, ref in chunk:
                     b = deliver_at // bucket_ms
                     p = pos if kind == _MSG else ref
                     fp = first.get(b)
@@ -85,8 +86,10 @@ class Replayer:
                         buf.append(pack(deliver_at, pos, size, _MSG))
                         if loaded[b]:
                             notify |= w.push(deliver_at, pos, size)
-                        elif not wake_loader and deliver_at <= horizon:
-                            wake_loader = True
+                        elif not wake_loader:
+                            if horizon < 0:
+                                horizon = sh.clock() + sh.config.load_ahead_ms
+                            wake_loader = deliver_at <= horizon
                     elif kind == _CANCEL:
                         buf.append(pack(deliver_at, ref, size, _CANCEL))
                         w.cancel(b, ref)

@@ -251,6 +251,19 @@ class DelayStore:
         and fdatasync); every submit made before the call is complete on return."""
         self._committer.commit_pending()
 
+    def store_now(
+        self,
+        msgs: list[NewMessage],
+        *,
+        validated: bool = False,
+        topics: Iterable[str] | None = None,
+    ) -> list[StoreResult]:
+        """``submit(defer=True)`` then :meth:`commit_pending`, returning the results once
+        durable (no future is made); raises what submit raises, or the group's error."""
+        self._check_open()
+        datas = self._intake.encode(msgs, self._clock(), validated=validated, topics=topics)
+        return self._committer.store_now(msgs, datas)
+
     def wake_committer(self) -> None:
         """Hand what ``submit(defer=True)`` queued to the committer thread."""
         self._committer.wake()
