@@ -18,7 +18,6 @@ import socket
 import threading
 import time
 import uuid
-import zlib
 from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -33,6 +32,7 @@ from ..routing.nameserver import NameServerClient
 from ..routing.publish_info import master_addrs
 from ..transport.http import Credentials, SyncHttp
 from ._allocate import allocate_averagely
+from ._received import from_pulled
 from ._rpc import call
 
 __all__ = ["Consumer"]
@@ -40,7 +40,6 @@ __all__ = ["Consumer"]
 log = logging.getLogger(__name__)
 
 _ROUTE_TTL = 5.0  # seconds between route look-ups while polling
-_COMPRESSED = wire.FLAG_COMPRESSED
 _MAX_PULL = 1024  # messages per pull at most (the broker's default limit)
 _CONVERGE_S = 0.1  # heartbeat this often while the queues held differ from the share
 _MIN_SESSION_S = wire.MIN_GROUP_LEASE_MS / 1000
@@ -461,6 +460,7 @@ class Consumer:
         owned = self._owned.get(broker, set())
         pos = self._pos
         append = self._buffer.append
+        received = from_pulled
         accepted: dict[int, bool] = {}  # per queue, decided at its first message
         last: dict[int, int] = {}  # per queue, the offset of its last message here
         for m in resp.messages:
@@ -473,24 +473,7 @@ class Consumer:
                 ok = accepted[q] = q in owned and q in queues and expected in (queues[q], m.offset)
             if not ok:
                 continue
-            body = m.body
-            if m.flag & _COMPRESSED:
-                body = zlib.decompress(body)
-            append(
-                ReceivedMessage(
-                    m.msg_id,
-                    m.topic,
-                    body,
-                    m.key,
-                    m.tags,
-                    dict(m.properties) if m.properties else {},
-                    m.deliver_at_ms,
-                    m.fired_at_ms,
-                    broker,
-                    q,
-                    m.offset,
-                )
-            )
+            append(received(m, broker))
             last[q] = m.offset
         for q, off in last.items():
             pos[(broker, q)] = off + 1

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import logging
 import ssl
@@ -47,6 +46,7 @@ from .disk import DiskGuard
 from .groups import GroupTable, group_heartbeat, group_pull
 from .heartbeat import Heartbeat
 from .topics import TopicRegistry
+from .waiters import FireWaiters
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ class Broker:
         self.perm = wire.PERM_READ if config.read_only else wire.PERM_READ_WRITE
         self.heartbeat: Heartbeat | None = None
         self.authorizer: Any = None  # set when --auth-file is given
-        self._waiters: dict[str, set[asyncio.Future[None]]] = defaultdict(set)
+        self.fired = FireWaiters()
         self.groups = GroupTable()
         self._loop: asyncio.AbstractEventLoop | None = None
         self.committer: LoopCommitter  # set by start()
@@ -87,7 +87,8 @@ class Broker:
         self._loop = asyncio.get_running_loop()
         await asyncio.to_thread(self.store.open)
         self.committer = LoopCommitter(self.store, self._loop)
-        self.store.add_fire_listener(self._on_fired)
+        self.fired.bind(self._loop)
+        self.store.add_fire_listener(self.fired.fired)
 
     async def register(self, addr: str) -> None:
         if self.config.advertise_addr is None:
@@ -121,29 +122,6 @@ class Broker:
             default_queue_nums=self.config.default_queue_nums,
             topics=self.topics.all(),
         )
-
-    # --- consumers waiting for fired messages ---------------------------------------
-
-    def _on_fired(self, topics: set[str]) -> None:  # firing thread
-        if self._loop is not None and not self._loop.is_closed():
-            with contextlib.suppress(RuntimeError):
-                self._loop.call_soon_threadsafe(self._wake, topics)
-
-    def _wake(self, topics: set[str]) -> None:
-        for topic in topics:
-            for fut in self._waiters.pop(topic, ()):
-                if not fut.done():
-                    fut.set_result(None)
-
-    async def wait_fired(self, topic: str, timeout: float) -> None:
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters[topic].add(fut)
-        try:
-            await asyncio.wait_for(fut, timeout)
-        except TimeoutError:
-            pass
-        finally:
-            self._waiters[topic].discard(fut)
 
     # --- topics ---------------------------------------------------------------------
 
@@ -326,9 +304,10 @@ class Broker:
                 )
         for queue_id, offset in body.commits.items():
             self.store.commit_offset(body.group, body.topic, queue_id, offset)
+        seq = self.fired.seq
         messages = self._read(body.topic, body.group, cfg.read_queue_nums, body.max_messages)
         if not messages and body.wait_ms > 0 and body.max_messages > 0:
-            await self.wait_fired(body.topic, body.wait_ms / 1000)
+            await self.fired.wait(body.topic, body.wait_ms / 1000, seq)
             messages = self._read(body.topic, body.group, cfg.read_queue_nums, body.max_messages)
         next_offsets: dict[int, int] = {}
         for m in messages:

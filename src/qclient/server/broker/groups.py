@@ -11,6 +11,7 @@ a broker restart members simply claim their queues again.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -110,7 +111,7 @@ class GroupTable:
                 self._owners.pop(key, None)
 
 
-def _check_names(topic: str, group: str, client_id: str | None) -> None:
+def _check_names(topic: str, group: str) -> None:
     if not wire.valid_topic(topic):
         raise ApiError(400, ErrorCode.INVALID_TOPIC, f"invalid topic name {topic!r}")
     if not wire.GROUP_RE.match(group):
@@ -119,7 +120,10 @@ def _check_names(topic: str, group: str, client_id: str | None) -> None:
             ErrorCode.INVALID_REQUEST,
             f"invalid group name {group!r}: must match {wire.TOPIC_PATTERN}",
         )
-    if client_id is not None and not wire.PRINTABLE_128_RE.match(client_id):
+
+
+def _check_client_id(client_id: str) -> None:
+    if not wire.PRINTABLE_128_RE.match(client_id):
         raise ApiError(
             400, ErrorCode.INVALID_REQUEST, "client_id must be 1-128 printable ASCII characters"
         )
@@ -146,7 +150,8 @@ async def group_heartbeat(request: Any) -> Any:
     """``POST /v1/groups/heartbeat``: ``GroupHeartbeat`` -> ``GroupState``."""
     broker = request.app["broker"]
     body = await read_body(request, wire.GroupHeartbeat)
-    _check_names(body.topic, body.group, body.client_id)
+    _check_names(body.topic, body.group)
+    _check_client_id(body.client_id)
     if not wire.MIN_GROUP_LEASE_MS <= body.lease_ms <= wire.MAX_GROUP_LEASE_MS:
         raise ApiError(
             400,
@@ -169,6 +174,8 @@ async def group_heartbeat(request: Any) -> Any:
         body.want,
         leave=body.leave,
     )
+    if body.leave:  # its parked long polls: answer them now (they lost their queues)
+        broker.fired.wake(body.topic)
     broker.counters["group_heartbeats"] += 1
     return reply(request, wire.GroupState(broker.config.name, members, cfg.read_queue_nums, owned))
 
@@ -176,9 +183,12 @@ async def group_heartbeat(request: Any) -> Any:
 async def group_pull(
     broker: Any, request: Any, body: wire.PullRequest, cfg: wire.TopicConfig
 ) -> Any:
-    """A pull by a group member: only the queues it holds are committed and served."""
+    """A pull by a group member (topic and group names checked by the caller): only the
+    queues it holds are committed and served. A long poll waits until one of those
+    queues has messages (a fire in the topic's other queues does not end it), the
+    member lost them all, or ``wait_ms`` passed."""
     assert body.client_id is not None
-    _check_names(body.topic, body.group, body.client_id)
+    _check_client_id(body.client_id)
     for q in body.queues:
         _check_queue(q, cfg.read_queue_nums, "queue")
     _check_commits(broker, body.topic, body.commits, cfg.read_queue_nums)
@@ -188,7 +198,6 @@ async def group_pull(
     for q, off in body.commits.items():
         if q in held:
             broker.store.commit_offset(group, topic, q, off)
-    lost = sorted(q for q in body.queues if q not in held)
     served = sorted(q for q in body.queues if q in held)
 
     def starts() -> dict[int, int]:
@@ -201,12 +210,20 @@ async def group_pull(
             out[q] = off
         return out
 
+    seq = broker.fired.seq
     messages = broker.read_from(topic, starts(), body.max_messages)
     if not messages and served and body.wait_ms > 0 and body.max_messages > 0:
-        await broker.wait_fired(topic, body.wait_ms / 1000)
-        served = sorted(table.hold(group, topic, cid, served))
-        lost = sorted(q for q in body.queues if q not in served)
-        messages = broker.read_from(topic, starts(), body.max_messages)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + body.wait_ms / 1000
+        while not messages and served:
+            left = deadline - loop.time()
+            if left <= 0:
+                break
+            await broker.fired.wait(topic, left, seq)
+            served = sorted(table.hold(group, topic, cid, served))
+            seq = broker.fired.seq
+            messages = broker.read_from(topic, starts(), body.max_messages)
+    lost = sorted(q for q in body.queues if q not in served)
     next_offsets: dict[int, int] = {}
     for m in messages:
         next_offsets[m.queue_id] = max(next_offsets.get(m.queue_id, 0), m.offset + 1)

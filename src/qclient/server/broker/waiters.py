@@ -1,0 +1,80 @@
+"""Long polls waiting for fired messages, woken by the store's firing thread."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+__all__ = ["FireWaiters"]
+
+
+def _release(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+class FireWaiters:
+    """Pulls waiting for the next messages fired in a topic.
+
+    A pull reads :attr:`seq` before it reads the store and, if it found nothing, calls
+    :meth:`wait` with it. The firing thread calls :meth:`fired` after it made messages
+    pullable. A wake-up crosses threads (a write to the event loop's self-pipe and a loop
+    iteration) only when a pull waits on one of the fired topics: at a steady due rate
+    most pulls find messages at once, and the firing thread fires every millisecond.
+    ``seq`` closes the race with a pull that read just before the messages became
+    pullable and registers just after the firing thread looked: the firing thread bumps
+    ``seq`` before it looks, the pull registers before it compares ``seq``, so one of the
+    two always sees the other.
+    """
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._waiting: dict[str, set[asyncio.Future[None]]] = {}
+        #: bumped (by the firing thread) each time messages become pullable
+        self.seq = 0
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+
+    def fired(self, topics: set[str]) -> None:
+        """Messages of ``topics`` are pullable now (any thread)."""
+        self.seq += 1
+        loop = self._loop
+        if loop is None:
+            return
+        waiting = self._waiting
+        for topic in topics:
+            if waiting.get(topic):
+                with contextlib.suppress(RuntimeError):  # the loop is closed: stopping
+                    loop.call_soon_threadsafe(self._wake, topics)
+                return
+
+    def _wake(self, topics: set[str]) -> None:
+        for topic in topics:
+            self.wake(topic)
+
+    def wake(self, topic: str) -> None:
+        """End the waits on ``topic`` now (event loop thread): each pull looks again."""
+        for fut in self._waiting.pop(topic, ()):
+            _release(fut)
+
+    async def wait(self, topic: str, timeout: float, seq: int) -> None:
+        """Return once something fires in ``topic`` after ``seq`` was read (at once if
+        something did already), or after ``timeout`` seconds."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        waiting = self._waiting.setdefault(topic, set())
+        waiting.add(fut)
+        try:
+            if self.seq != seq or timeout <= 0:
+                return
+            timer = loop.call_later(timeout, _release, fut)
+            try:
+                await fut
+            finally:
+                timer.cancel()
+        finally:
+            waiting = self._waiting.get(topic, set())
+            waiting.discard(fut)
+            if not waiting:
+                self._waiting.pop(topic, None)
