@@ -182,7 +182,7 @@ class _Connection(asyncio.Protocol):
     # --- httptools callbacks ---
 
     def on_message_begin(self) -> None:
-        self._reset()
+        # (the state was reset when the connection opened or the last message completed)
         self._seq += 1
 
     def on_url(self, url: bytes) -> None:

@@ -50,10 +50,12 @@ def atomic_write(path: Path, data: bytes, *, fsync: bool = True) -> None:
 
 def write_all(fd: int, data: bytes) -> None:
     """os.write until every byte is written."""
-    view = memoryview(data)
-    while view:
-        n = os.write(fd, view)
-        view = view[n:]
+    n = os.write(fd, data)  # all of it, almost always
+    if n < len(data):
+        view = memoryview(data)[n:]
+        while view:
+            n = os.write(fd, view)
+            view = view[n:]
 
 
 def check_name(name: str, what: str = "topic") -> str:
