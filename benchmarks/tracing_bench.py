@@ -122,7 +122,7 @@ def _per_call(fn: Any, n: int) -> float:
 def _pieces(n: int) -> dict[str, float]:
     """CPU µs per message of each piece of a traced ``send_async``, the SDK configured as
     in the ``sdk`` runs; requests of 256 messages (all spans started, then all ended, as
-    the sender does); the pieces interleaved, 5 times each, medians."""
+    the sender does); the pieces interleaved, 9 times each, medians."""
     from opentelemetry import trace
     from opentelemetry.sdk.trace.sampling import TraceIdRatioBased
     from opentelemetry.trace import SpanKind
@@ -171,18 +171,25 @@ def _pieces(n: int) -> dict[str, float]:
         "hooks_per_message": hooks,
         "untraced_items": lambda: items(False) and None,
     }
-    calls = max(1, n // size // 5)
+    repeats = 9
+    calls = max(1, n // size // repeats)
     got: dict[str, list[float]] = {k: [] for k in runs}
-    for _ in range(5):
+    for _ in range(repeats):
         for name, fn in runs.items():
             got[name].append(_per_call(fn, calls) / size)
-    pieces = {k: statistics.median(v) for k, v in got.items()}
-    pieces["hooks_per_message"] -= pieces.pop("untraced_items")
-    pieces["attributes"] = len(attrs)
-    pieces["per_attribute"] = (pieces["sdk_span"] - pieces["sdk_span_bare"]) / len(attrs)
+    hooks_net = [
+        h - i for h, i in zip(got["hooks_per_message"], got.pop("untraced_items"), strict=True)
+    ]
+    got["hooks_per_message"] = hooks_net
+    # differences taken within each repeat (the machine's speed drifts between repeats)
+    got["per_attribute"] = [
+        (a - b) / len(attrs) for a, b in zip(got["sdk_span"], got["sdk_span_bare"], strict=True)
+    ]
     # the hooks' own CPU: what they add to the SDK's span
-    pieces["hooks_own_per_message"] = pieces["hooks_per_message"] - pieces["sdk_span"]
-    return {k: round(v, 2) for k, v in pieces.items()}
+    got["hooks_own_per_message"] = [h - s for h, s in zip(hooks_net, got["sdk_span"], strict=True)]
+    pieces = {k: round(statistics.median(v), 2) for k, v in got.items()}
+    pieces["attributes"] = len(attrs)
+    return pieces
 
 
 def _run_child(mode: str, namesrv: str, n: int) -> dict[str, Any]:
