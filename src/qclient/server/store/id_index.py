@@ -13,10 +13,11 @@ the group commit's fsync and before the replay checkpoint moves past them, buffe
 memory (one write per partition per checkpoint instead of per group commit; lookups see
 the buffer too); the checkpoint writes and fsyncs the partitions first, so recovery only
 re-adds what came after it (a repeated entry is harmless: readers fold entries by
-position). ``FIRED`` entries are
-written with the dispatch log and reconciled from the consume logs on recovery the same
-way. Readers verify every position by reading the record back (the key is a hash, and a
-torn log tail may have been rewritten), so a stale or colliding entry is never trusted.
+position). ``FIRED`` entries are buffered the same way (the firing thread makes no write
+for them): what a ``kill -9`` loses of them, recovery re-adds from the consume logs'
+recently fired records. Readers verify every position by reading the record back (the
+key is a hash, and a torn log tail may have been rewritten), so a stale or colliding
+entry is never trusted.
 When retention deletes old log segments, :meth:`IdIndex.compact` drops the entries that
 pointed into them, so the index grows with what the log keeps, not with all ever stored.
 """
@@ -86,8 +87,8 @@ class IdIndex:
         return bool(self._files.recover())
 
     def add(self, kind: int, items: Iterable[tuple[int, int, int]]) -> None:
-        """Append ``(key, position, time_ms)`` entries of one kind (written at once: one
-        write per partition)."""
+        """Append ``(key, position, time_ms)`` entries of one kind (buffered, like
+        :meth:`add_stored`)."""
         parts: dict[int, list[bytes]] = {}
         pack = ENTRY.pack
         tag = kind << 56
@@ -101,7 +102,7 @@ class IdIndex:
             return
         with self._lock:
             for p, chunk in parts.items():
-                self._files.append(p, b"".join(chunk), now=True)
+                self._files.append(p, b"".join(chunk))
 
     def add_stored(self, items: Iterable[tuple[str, int, int]]) -> None:
         """Index messages written to the log: ``(msg_id, position, deliver_at_ms)`` (the
