@@ -54,6 +54,7 @@ from qclient.fault.strategy import id_owner
 log = logging.getLogger("benchmarks.chaos_bench")
 
 SEND_TIMEOUT = 3.0
+PRODUCER_KINDS = ("sync", "send_async", "async_producer", "batch")
 RESEND_FRACTION = 0.03
 
 
@@ -258,7 +259,8 @@ def classify(
             if mid in ledger.resent and len(acks) > 1:
                 home = id_owner(mid, brokers)
                 kind = "resent_first_home" if acks[0][0] == home else "resent_first_away"
-                keep = acks[-1][0]
+                # the producers keep the copy away from the id's broker
+                keep = next((b for b, _ in acks if b != home), acks[-1][0])
             elif len(held) == 1:
                 kind, keep = "same_broker", held[0]
             else:
@@ -388,7 +390,8 @@ def analyse(
         "errors_by_type": dict(Counter(e for _, _, e in ledger.errors)),
         "errors_per_kill": round(kill_errors / kills, 2) if kills else 0.0,
         "errors_per_kill_by_producer": {
-            k: round(n / kills, 2) for k, n in sorted(kill_errors_by_producer.items())
+            k: round(kill_errors_by_producer[k] / kills, 2) if kills else 0.0
+            for k in PRODUCER_KINDS
         },
         "error_samples": error_samples,
         "faults": dict(kinds),
@@ -528,6 +531,7 @@ def main() -> None:
     else:
         brief = {k: v for k, v in out.items() if k not in ("chaos_timeline",)}
         print(json.dumps(brief, indent=1))
+        print(headline(out))
     if hard:
         print(
             f"chaos_bench: FAILED: lost={out['lost']} early={out['early']} "
@@ -535,6 +539,24 @@ def main() -> None:
             file=sys.stderr,
         )
         sys.exit(1)
+
+
+def headline(out: dict[str, Any]) -> str:
+    """The run in three lines: duplicates by kind, preventable ones, errors per kill."""
+    kinds = out["duplicates_by_kind"]
+    home, away = kinds.get("resent_first_home", 0), kinds.get("resent_first_away", 0)
+    other = out["duplicates"] - home - away - kinds.get("ambiguous", 0)
+    per = ", ".join(f"{k} {v}" for k, v in out["errors_per_kill_by_producer"].items())
+    return (
+        f"duplicates: {out['duplicates']} ({out['duplicates_pct']} % of "
+        f"{out['acknowledged']} acknowledged): re-sent caller id {home + away} (first copy "
+        f"on its broker {home}, elsewhere {away}), ambiguous {kinds.get('ambiguous', 0)}, "
+        f"other {other}\n"
+        f"preventable (due >= 2 s after the extra copy's broker was back): "
+        f"{out['duplicates_due_after_fault']} {out['preventable_by_kind']}\n"
+        f"errors per broker kill: {out['errors_per_kill']} ({per or 'none'}); "
+        f"seed {out['seed']}"
+    )
 
 
 def _target(name: str, value: float, target: str, met: bool) -> dict[str, Any]:

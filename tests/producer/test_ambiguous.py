@@ -4,6 +4,7 @@ acknowledged copy is never the one cancelled."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections import Counter
@@ -12,7 +13,7 @@ import httpx
 import pytest
 from tests.integration.helpers import drain, wait_until
 
-from qclient import LocalCluster, Producer, SendResult, SendStatus
+from qclient import AsyncProducer, LocalCluster, Producer, SendResult, SendStatus
 from qclient.fault.strategy import _broker_seed, _hash, id_owner
 from qclient.producer._ambiguous import AmbiguousCopies, is_ambiguous
 from qclient.routing.nameserver import NameServerClient
@@ -217,3 +218,19 @@ def test_id_resent_across_its_brokers_outage_fires_once() -> None:
         by_id = Counter(m.msg_id for m in got)
         assert all(by_id[i] == 1 for i in ids), {i: n for i, n in by_id.items() if n != 1}
         assert {m.broker_name for m in got if m.msg_id in ids} == {"broker-b"}
+
+
+def test_async_producer_looks_up_and_cancels_a_copy_from_the_copies_thread() -> None:
+    """The copies' thread reaches AsyncProducer's loop for its lookups and cancels."""
+
+    async def main(namesrv: str) -> tuple[str | None, bool, str | None]:
+        async with AsyncProducer(namesrv) as ap:
+            r = await ap.send_delayed("amb-aio", "x", delay=30.0, msg_id="aio-1")
+            ap._loop = asyncio.get_running_loop()  # set by the first noted copy
+            state = await asyncio.to_thread(ap._lookup_copy, "amb-aio", "aio-1", r.broker_name)
+            cancelled = await asyncio.to_thread(ap._cancel_copy, r)
+            after = await asyncio.to_thread(ap._lookup_copy, "amb-aio", "aio-1", r.broker_name)
+            return state, cancelled, after
+
+    with LocalCluster(brokers=1) as cluster:
+        assert asyncio.run(main(cluster.namesrv)) == ("scheduled", True, "cancelled")
