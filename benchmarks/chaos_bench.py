@@ -236,8 +236,9 @@ def classify(
     bands: list[Band],
     end: float,
     brokers: list[str],
-) -> tuple[dict[str, int], dict[str, int], list[dict[str, Any]]]:
-    """Duplicates by kind, the preventable ones by kind, and samples.
+) -> tuple[dict[str, int], dict[str, int], int, list[dict[str, Any]]]:
+    """Duplicates by kind, the preventable ones by kind (and how many of them had the
+    kept copy's broker down while they could be cancelled), and samples.
 
     Kinds: ``resent_first_home`` / ``resent_first_away`` (a caller re-sent an acknowledged
     id; its first copy on the id's own broker, or elsewhere because that one was down),
@@ -249,6 +250,7 @@ def classify(
     kinds: Counter[str] = Counter()
     preventable: Counter[str] = Counter()
     samples: list[dict[str, Any]] = []
+    keep_down = 0
     wall0 = ledger.clock.wall_ms(0)
     for mid, n in dup_ids.items():
         held = sorted({b for b, _, _ in by_id[mid]})
@@ -271,15 +273,22 @@ def classify(
         deliver_ms = ledger.acked[mid][0]
         due = (deliver_ms - wall0) / 1000
         extra = [b for b in held if b != keep]
-        # the extra copy's broker was back >= 2 s before it was due (after its last fault
-        # that began before then)
+        # the extra copy's broker was back (after its last fault that began before the
+        # copy was due), and the copy stored (a re-send's acknowledgement), >= 2 s before
+        # it was due
         ok = False
         for broker in extra:
             ends = [b.t1 if b.t1 >= 0 else end for b in bands if b.target == broker and b.t0 <= due]
-            if ends and due - max(ends) >= 2.0:
+            stored = [t for b, t in ledger.acks[mid] if b == broker]
+            if ends and due - max(ends + stored) >= 2.0:
                 ok = True
         if ok:
             preventable[kind] += n
+            # the producers cancel it only while the kept copy's broker answers
+            if any(
+                b.t0 <= due and (b.t1 < 0 or b.t1 >= due - 2.0) for b in bands if b.target == keep
+            ):
+                keep_down += n
         if (ok and len(samples) < 16) or sum(1 for s in samples if s["kind"] == kind) < 4:
             acks = ledger.acks[mid]
             samples.append(
@@ -296,7 +305,7 @@ def classify(
                     ),
                 }
             )
-    return dict(kinds), dict(preventable), samples
+    return dict(kinds), dict(preventable), keep_down, samples
 
 
 def analyse(
@@ -320,7 +329,9 @@ def analyse(
     lost = [mid for mid in acked if mid not in by_id]
     dup_ids = {mid: len(s) - 1 for mid, s in by_id.items() if len(s) > 1}
     dups = sum(dup_ids.values())
-    dup_kinds, preventable, samples = classify(ledger, by_id, dup_ids, bands, end, brokers)
+    dup_kinds, preventable, keep_down, samples = classify(
+        ledger, by_id, dup_ids, bands, end, brokers
+    )
 
     kinds = Counter(b.kind for b in bands)
     errors_by_fault: dict[str, int] = Counter()
@@ -383,6 +394,7 @@ def analyse(
         "duplicates_by_kind": dup_kinds,
         "duplicates_due_after_fault": sum(preventable.values()),
         "preventable_by_kind": preventable,
+        "preventable_kept_copy_down": keep_down,
         "duplicate_samples": samples,
         "resent_ids": len(ledger.resent),
         "errors_to_callers": len(ledger.errors),
@@ -553,7 +565,8 @@ def headline(out: dict[str, Any]) -> str:
         f"on its broker {home}, elsewhere {away}), ambiguous {kinds.get('ambiguous', 0)}, "
         f"other {other}\n"
         f"preventable (due >= 2 s after the extra copy's broker was back): "
-        f"{out['duplicates_due_after_fault']} {out['preventable_by_kind']}\n"
+        f"{out['duplicates_due_after_fault']} {out['preventable_by_kind']}, of which the kept "
+        f"copy's broker was down then: {out['preventable_kept_copy_down']}\n"
         f"errors per broker kill: {out['errors_per_kill']} ({per or 'none'}); "
         f"seed {out['seed']}"
     )
