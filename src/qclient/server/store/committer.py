@@ -13,6 +13,7 @@ copy replays as the new schedule entry plus a cancel of the replaced one).
 from __future__ import annotations
 
 import logging
+import operator
 import threading
 import time
 from collections.abc import Callable
@@ -39,6 +40,7 @@ _MSG = rec.KIND_MESSAGE
 _CANCEL = rec.KIND_CANCEL
 _RESCHEDULE = rec.KIND_RESCHEDULE
 _SCHEDULING = rec.SCHEDULING_KINDS
+_MSG_ID = operator.attrgetter("msg_id")
 
 
 class Entry(msgspec.Struct, eq=False):
@@ -175,17 +177,16 @@ class Committer:
         sh = self._sh
         entries = batch.entries
         inflight = self._inflight
-        dedupe_find = sh.dedupe.find
         read_record = sh.files.mlog.read_record
         with sh.submit_lock:
             self._check_open()
-            for i, (m, data) in enumerate(zip(msgs, datas, strict=True)):
+            hashes, found = sh.dedupe.find_many(map(_MSG_ID, msgs))
+            for i, (m, data, h, pos) in enumerate(zip(msgs, datas, hashes, found, strict=True)):
                 mid = m.msg_id
                 e = inflight.get(mid)
                 if e is not None:
                     batch.deps.append((i, e))
                     continue
-                h, pos = dedupe_find(mid)
                 if pos is not None:
                     r = read_record(pos)
                     if r is not None and r.kind in _SCHEDULING and r.msg_id == mid:

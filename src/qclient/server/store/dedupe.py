@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from array import array
 from collections import deque
+from collections.abc import Iterable
 
 _MASK60 = (1 << 60) - 1
 _MARK_GRANULARITY_MS = 1_000
@@ -42,6 +43,11 @@ class DedupeTable:
         """``(id_hash(msg_id), position or None)`` in one call (the submit path's lookup)."""
         h = hash(msg_id) & _MASK60
         return h, self._map.get(h)
+
+    def find_many(self, msg_ids: Iterable[str]) -> tuple[list[int], list[int | None]]:
+        """:meth:`find` of each id: their hashes, and their positions or None."""
+        hashes = [hash(m) & _MASK60 for m in msg_ids]
+        return hashes, list(map(self._map.get, hashes))
 
     def add(self, h: int, position: int, now_ms: int) -> None:
         if h not in self._map:

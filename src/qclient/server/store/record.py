@@ -161,6 +161,7 @@ def encode_messages(
     pack = REST.pack
     pre = PRE.pack
     crc32 = zlib.crc32
+    join = b"".join
     head = PRE.size
     for m in msgs:
         body = m.body
@@ -174,26 +175,28 @@ def encode_messages(
         lt = len(top)
         if lm > MAX_STR or lt > MAX_STR:
             raise ValueError("string field longer than 65534 bytes")
-        rest = (
-            pack(
-                KIND_MESSAGE,
-                m.flag,
-                m.queue_id,
-                m.received_ms or received_ms,
-                m.deliver_at_ms,
-                0,
-                0,
-                0,
-                lm,
-                lt,
-                _NONE16,
-                _NONE16,
-                _NONE32,
-                len(body),
+        rest = join(
+            (
+                pack(
+                    KIND_MESSAGE,
+                    m.flag,
+                    m.queue_id,
+                    m.received_ms or received_ms,
+                    m.deliver_at_ms,
+                    0,
+                    0,
+                    0,
+                    lm,
+                    lt,
+                    _NONE16,
+                    _NONE16,
+                    _NONE32,
+                    len(body),
+                ),
+                mid,
+                top,
+                body,
             )
-            + mid
-            + top
-            + body
         )
         append(pre(MAGIC, head + len(rest), crc32(rest)) + rest)
     return out
