@@ -1,20 +1,18 @@
 """OpenTelemetry spans and client metrics of the producer and the consumer (optional).
 
 With ``opentelemetry-api`` installed (the ``otel`` extra) every message sent gets a
-PRODUCER span ``send {topic}`` from the globally configured tracer provider, following
-OpenTelemetry's messaging semantic conventions, and its W3C trace context travels in the
-message's properties (``traceparent``, ``tracestate``) so that the consumer continues the
-trace. ``messaging.client.operation.duration`` and ``messaging.client.sent.messages`` go to
-the global meter provider. Without opentelemetry every hook is a no-op and nothing is
-imported.
+PRODUCER span ``send {topic}`` from the global tracer provider (OpenTelemetry's messaging
+semantic conventions); its W3C trace context travels in the message's properties
+(``traceparent``, ``tracestate``) so that the consumer continues the trace. The client
+metrics go to the global meter provider. Without opentelemetry every hook is a no-op and
+nothing is imported.
 
 The hooks: ``start_send`` / ``end_send`` for one message sent at once, ``defer_send`` /
 ``start_many`` / ``end_many`` for ``send_async`` (the span starts when the message's
-request does), ``start_batch`` / ``end_batch`` for one ``send_batch`` request,
-``receive`` for a poll and ``process_span`` (public as ``qclient.tracing.process_span``)
-for handling one message. A hook returns ``None`` when there is nothing to record (no SDK
-configured): tracing that nobody collects costs a provider check and a look at the
-caller's current span (whose context, if it has one, is still passed on) per message.
+request does), ``start_batch`` / ``end_batch`` for a ``send_batch``, ``receive`` for a
+poll, ``process_span`` (public in ``qclient.tracing``) for handling one message. With no
+SDK configured a hook returns ``None``: a provider check, and the caller's context (if
+one is attached) passed on.
 """
 
 from __future__ import annotations
@@ -83,8 +81,7 @@ class _Send:
         self.topic = topic
         self.count = count
         self.start_ns = time.perf_counter_ns()
-        #: a deferred span: the message (None once started), the caller's context and
-        #: the wall time of the call
+        #: a deferred span: the message (None once started), the caller's context, the call's time
         self.wire: Any = None
         self.ctx: Any = None
         self.start_time = 0
@@ -174,6 +171,11 @@ if AVAILABLE:
         if sc.is_valid:
             _inject(sc, wires)
 
+    def _untraced(wires: Sequence[Any], topic: str, count: int) -> _Send | None:
+        """No tracer provider: the caller's context passed on, metrics if metered."""
+        _pass_on(wires)
+        return _Send(None, topic, count) if _metering() else None
+
     _addresses: dict[str, dict[str, Any]] = {}
     _bases: dict[tuple[str, str | None, str | None, int], tuple[str, dict[str, Any]]] = {}
 
@@ -253,8 +255,7 @@ if AVAILABLE:
         trace context into the message's properties."""
         topic = wire.topic
         if not _tracing():  # the common case of an untraced program: stay cheap
-            _pass_on((wire,))
-            return _Send(None, topic, 1) if _metering() else None
+            return _untraced((wire,), topic, 1)
         name, base = _base(topic, None, -1, None)
         attrs = dict(base)
         attrs["messaging.message.id"] = wire.msg_id
@@ -269,11 +270,10 @@ if AVAILABLE:
         before the message's request (knowing its broker; the SDK's span objects live
         for the request, not for the time in the buffer)."""
         if not _tracing():
-            return start_send(wire)
+            return _untraced((wire,), wire.topic, 1)
         op = _Send(None, wire.topic, 1)
         op.wire = wire
-        ctx = _context.get_current()
-        op.ctx = ctx if ctx else None
+        op.ctx = _context.get_current() or None  # an empty context: none
         op.start_time = time.time_ns()
         return op
 
@@ -283,11 +283,8 @@ if AVAILABLE:
         for it in items:
             op = it.trace
             if op is not None and op.wire is not None:
-                q = it.queue
-                if q is None:
-                    _begin(op, None, -1, resolve)
-                else:
-                    _begin(op, q.broker_name, q.queue_id, resolve)
+                q = it.queue  # send_async gives each message its queue
+                _begin(op, q.broker_name, q.queue_id, resolve)
 
     def start_batch(wires: Sequence[Any]) -> _Send | None:
         """Start the one PRODUCER span of a batch request; every message carries its
@@ -295,8 +292,7 @@ if AVAILABLE:
         topics = {w.topic for w in wires}
         topic = next(iter(topics)) if len(topics) == 1 else ""
         if not _tracing():
-            _pass_on(wires)
-            return _Send(None, topic, len(wires)) if _metering() else None
+            return _untraced(wires, topic, len(wires))
         attributes: dict[str, Any] = {
             "messaging.system": SYSTEM,
             "messaging.operation.type": "send",
