@@ -44,6 +44,8 @@ class MQFaultStrategy:
         self.send_latency_fault_enable = send_latency_fault_enable
         self.start_detector_enable = start_detector_enable
         self.latency_max = tuple(latency_max_ms)
+        #: below the table's smallest latency nothing is isolated (the common answer)
+        self._min_latency_max = min(self.latency_max, default=0)
         self.not_available_duration = tuple(not_available_ms)
         self.isolation_latency_ms = isolation_latency_ms
         self.latency_fault_tolerance = fault_tolerance or LatencyFaultTolerance()
@@ -53,6 +55,8 @@ class MQFaultStrategy:
 
     def compute_not_available_duration(self, current_latency: float) -> int:
         """The isolation (ms) that ``current_latency`` (ms) earns by the seed's table."""
+        if current_latency < self._min_latency_max:
+            return 0
         for i in range(len(self.latency_max) - 1, -1, -1):
             if current_latency >= self.latency_max[i]:
                 return self.not_available_duration[i]

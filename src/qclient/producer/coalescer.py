@@ -42,15 +42,21 @@ IN_FLIGHT = 1
 
 
 class _Waiter:
-    """One caller's message; ``done`` is held until the caller may look at the outcome."""
+    """One caller's message; once it queues, ``done`` is held until the caller may look at
+    the outcome (a caller that sends at once never waits: it gets no lock)."""
 
     __slots__ = ("batch", "deadline", "done", "item", "result")
+
+    done: threading.Lock
 
     def __init__(self, item: Item, deadline: float) -> None:
         self.item = item
         self.deadline = deadline
         self.result: Result | None = None
         self.batch: list[_Waiter] | None = None  # set when this caller must send a batch
+
+    def hold(self) -> None:
+        """Before it queues: ``done`` taken, for whoever answers it to release."""
         self.done = threading.Lock()
         self.done.acquire()
 
@@ -80,6 +86,7 @@ class SyncCoalescer:
             else:
                 if queue is None:
                     queue = self._queues[broker] = deque()
+                me.hold()
                 queue.append(me)
                 batch = None
         if batch is None:
