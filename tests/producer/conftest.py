@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import httpx
 import pytest
 
@@ -89,7 +91,10 @@ class HttpxBackedLean:
         headers: object = (),
         *,
         timeout: float,
+        on_write: Callable[[], None] | None = None,
     ) -> LeanResponse:
+        if on_write is not None:
+            on_write()
         req = httpx.Request(
             method,
             base_url(addr) + path,

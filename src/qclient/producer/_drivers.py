@@ -53,22 +53,31 @@ class AsyncSlots:
         return sem
 
 
-def _call_sync(http: SyncHttp, call: HttpCall) -> CallResult:
+def _call_sync(
+    http: SyncHttp, call: HttpCall, on_write: Callable[[], None] | None = None
+) -> CallResult:
     start = time.perf_counter()
     try:
-        resp = http.request("POST", call.addr, call.path, call.body, timeout=call.timeout)
+        resp = http.request(
+            "POST", call.addr, call.path, call.body, timeout=call.timeout, on_write=on_write
+        )
     except Exception as exc:
         return CallResult(exc=exc, latency_ms=(time.perf_counter() - start) * 1000)
     return CallResult(response=resp, latency_ms=(time.perf_counter() - start) * 1000)
 
 
-def call_sync(http: SyncHttp, call: HttpCall, slots: SyncSlots | None = None) -> CallResult:
+def call_sync(
+    http: SyncHttp,
+    call: HttpCall,
+    slots: SyncSlots | None = None,
+    on_write: Callable[[], None] | None = None,
+) -> CallResult:
     if slots is None:
-        return _call_sync(http, call)
+        return _call_sync(http, call, on_write)
     queued = time.perf_counter()
     with slots.get(call.broker):
         waited = time.perf_counter() - queued
-        res = _call_sync(http, call)
+        res = _call_sync(http, call, on_write)
     res.queued_s = waited
     return res
 
@@ -78,9 +87,11 @@ def run_sync(
     http: SyncHttp,
     executor: Callable[[], Executor] | None = None,
     slots: SyncSlots | None = None,
+    on_write: Callable[[], None] | None = None,
 ) -> Any:
     """Run a plan to completion in this thread; a round's calls run concurrently on
-    ``executor()`` when there are several (one per broker chunk)."""
+    ``executor()`` when there are several (one per broker chunk). ``on_write`` is called
+    once a request is written (or before it may wait to connect)."""
     answer: Any = None
     try:
         while True:
@@ -89,9 +100,9 @@ def run_sync(
                 time.sleep(step)
                 answer = None
             elif len(step) == 1 or executor is None:
-                answer = [call_sync(http, c, slots) for c in step]
+                answer = [call_sync(http, c, slots, on_write) for c in step]
             else:
-                answer = list(executor().map(lambda c: call_sync(http, c, slots), step))
+                answer = list(executor().map(lambda c: call_sync(http, c, slots, on_write), step))
     except StopIteration as stop:
         return stop.value
     finally:

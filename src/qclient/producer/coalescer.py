@@ -33,6 +33,8 @@ __all__ = ["SyncCoalescer"]
 log = logging.getLogger(__name__)
 
 Result = SendResult | QClientError
+#: runs a send plan; the callback is called once its first request is written
+Run = Callable[[Plan, Callable[[], None]], Any]
 
 #: requests in flight per broker for coalesced sends (the producer's
 #: ``max_in_flight_per_broker`` if lower). Fewer slots make bigger shared requests: with
@@ -64,13 +66,17 @@ class _Waiter:
 class SyncCoalescer:
     """Leader/follower coalescing of ``Producer``'s single sends (see the module doc)."""
 
-    def __init__(self, core: ProducerCore, run: Callable[[Plan], Any], limit: int) -> None:
+    def __init__(self, core: ProducerCore, run: Run, limit: int) -> None:
         self._core = core
         self._run = run
         self._limit = min(limit, IN_FLIGHT)
         self._lock = threading.Lock()
         self._queues: dict[str, deque[_Waiter]] = {}
         self._in_flight: dict[str, int] = {}
+        #: answered callers not woken yet: the next request's sender wakes them once that
+        #: request is written (or fails to be), so the request leaves before they all
+        #: compete with its sender for the GIL
+        self._answered: list[_Waiter] = []
 
     def send(self, item: Item, deadline: float) -> Result:
         """Send one message whose queue is chosen; its result or typed error."""
@@ -145,6 +151,16 @@ class SyncCoalescer:
                 rest = nxt or []
         if rest:
             rest[0].done.release()
+        self._wake_answered()
+
+    def _wake_answered(self) -> None:
+        """Wake the answered callers left for this request's sender (see ``_answered``)."""
+        if not self._answered:
+            return
+        with self._lock:
+            answered, self._answered = self._answered, []
+        for w in answered:
+            w.done.release()
 
     def _lead(self, broker: str, batch: list[_Waiter], me: _Waiter) -> None:
         """Send ``batch`` in this thread, answer its members, pass the slot on."""
@@ -159,23 +175,28 @@ class SyncCoalescer:
         results: list[Any]
         error: BaseException | None = None
         try:
-            results = self._run(self._core.plan_send(items, deadline=deadline, one_chunk=one_chunk))
+            plan = self._core.plan_send(items, deadline=deadline, one_chunk=one_chunk)
+            results = self._run(plan, self._wake_answered)
         except Exception as exc:  # a bug must still answer every caller
             log.exception("sending %d coalesced message(s) to %s failed", len(batch), broker)
             results = [exc if isinstance(exc, QClientError) else _wrap(exc)] * len(batch)
         except BaseException as exc:  # interrupted: answer the others, then re-raise
             error = exc
             results = [ProducerClosedError("the sending thread was interrupted")] * len(batch)
+        self._wake_answered()  # if the request was never written
         for w, r in zip(batch, results, strict=True):
             w.result = r
         with self._lock:
             self._in_flight[broker] -= 1
             nxt = self._next_batch(broker)
-        if nxt:  # first: the next request leaves before the answered callers take the GIL
+            answered = [w for w in batch if w is not me]
+            if nxt:  # woken by nxt's sender once its request is out
+                self._answered.extend(answered)
+                answered = []
+        if nxt:
             nxt[0].done.release()
-        for w in batch:
-            if w is not me:
-                w.done.release()
+        for w in answered:
+            w.done.release()
         if error is not None:
             raise error
 

@@ -7,7 +7,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime, timedelta
 from typing import Any
@@ -163,8 +163,8 @@ class Producer(ProducerBase):
                     )
         return self._pool
 
-    def _run_plan(self, plan: Plan) -> Any:
-        return run_sync(plan, self._http, self._executor)
+    def _run_plan(self, plan: Plan, on_write: Callable[[], None] | None = None) -> Any:
+        return run_sync(plan, self._http, self._executor, on_write=on_write)
 
     def _send_one(
         self,

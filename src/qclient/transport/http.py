@@ -7,7 +7,7 @@ import logging
 import os
 import ssl
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import httpx
@@ -151,15 +151,25 @@ class SyncHttp(_Base):
             )
 
     def request(
-        self, method: str, addr: str, path: str, body: bytes = b"", *, timeout: float
+        self,
+        method: str,
+        addr: str,
+        path: str,
+        body: bytes = b"",
+        *,
+        timeout: float,
+        on_write: Callable[[], None] | None = None,
     ) -> HttpResponse:
-        """One request; raises ``httpx.HTTPError`` subclasses on transport failure."""
+        """One request; raises ``httpx.HTTPError`` subclasses on transport failure.
+        ``on_write`` is called once the request is written (or before it may wait)."""
         lean = self._lean
         if lean is not None:
             headers = self._header_items(method, path, body)
-            r = lean.request(method, addr, path, body, headers, timeout=timeout)
+            r = lean.request(method, addr, path, body, headers, timeout=timeout, on_write=on_write)
             return HttpResponse(r.status, r.headers.get("content-type", ""), r.content)
         assert self._client is not None  # not lean: a client was given or built
+        if on_write is not None:
+            on_write()  # httpx gives no hook after the write
         resp = self._client.request(
             method,
             base_url(addr) + path,

@@ -207,8 +207,11 @@ class LeanTransport(httpx.BaseTransport, _PoolSettings):
 
     # --- the pool ---------------------------------------------------------------------
 
-    def _checkout(self, origin: _Origin, deadline: float) -> tuple[_Connection, bool]:
-        """A connection to ``origin`` and whether it was reused from the pool."""
+    def _checkout(
+        self, origin: _Origin, deadline: float, on_wait: Callable[[], None] | None = None
+    ) -> tuple[_Connection, bool]:
+        """A connection to ``origin`` and whether it was reused from the pool
+        (``on_wait()`` before connecting)."""
         now = time.monotonic()
         with self._lock:
             idle = self._idle.get(origin)
@@ -218,6 +221,8 @@ class LeanTransport(httpx.BaseTransport, _PoolSettings):
                 if age < CHECK_IDLE_AFTER or (age < self._expiry and conn.alive()):
                     return conn, True
                 conn.close()
+        if on_wait is not None:
+            on_wait()
         return self._connect(origin, deadline), False
 
     def _checkin(self, conn: _Connection) -> None:
@@ -265,8 +270,10 @@ class LeanTransport(httpx.BaseTransport, _PoolSettings):
         headers: Iterable[tuple[str, str]] = (),
         *,
         timeout: float,
+        on_write: Callable[[], None] | None = None,
     ) -> LeanResponse:
-        """One request within ``timeout`` seconds in all (connect, write and read).
+        """One request within ``timeout`` seconds in all (connect, write and read);
+        ``on_write()`` once it is written (or before waiting to connect).
 
         Raises httpx's exceptions: ``ConnectError``/``ConnectTimeout`` (nothing was sent),
         ``WriteError``/``WriteTimeout``, ``ReadError``/``ReadTimeout``,
@@ -275,10 +282,10 @@ class LeanTransport(httpx.BaseTransport, _PoolSettings):
         origin = self._origin(addr)
         extra = "".join(f"{k}: {v}\r\n" for k, v in headers)
         for _ in range(2):
-            conn, reused = self._checkout(origin, deadline)
+            conn, reused = self._checkout(origin, deadline, on_write)
             head = self._head(method, origin, path, len(body), extra)
             try:
-                resp, keep = self._exchange(conn, head, body, deadline, method == "HEAD")
+                resp, keep = self._exchange(conn, head, body, deadline, method == "HEAD", on_write)
             except _StaleConnection:
                 conn.close()
                 if reused:
@@ -298,7 +305,12 @@ class LeanTransport(httpx.BaseTransport, _PoolSettings):
 
     @staticmethod
     def _exchange(
-        conn: _Connection, head: bytes, body: bytes, deadline: float, head_only: bool
+        conn: _Connection,
+        head: bytes,
+        body: bytes,
+        deadline: float,
+        head_only: bool,
+        on_write: Callable[[], None] | None = None,
     ) -> tuple[LeanResponse, bool]:
         sock = conn.sock
         reader = _Reader()
@@ -314,6 +326,8 @@ class LeanTransport(httpx.BaseTransport, _PoolSettings):
             raise _StaleConnection() from exc
         except OSError as exc:
             raise httpx.WriteError(str(exc)) from exc
+        if on_write is not None:
+            on_write()
         tls = conn.tls
         try:
             while not reader.complete:
