@@ -237,15 +237,18 @@ def classify(
     end: float,
     brokers: list[str],
 ) -> tuple[dict[str, int], dict[str, int], int, list[dict[str, Any]]]:
-    """Duplicates by kind, the preventable ones by kind (and how many of them had the
-    kept copy's broker down while they could be cancelled), and samples.
+    """Duplicates by kind, the preventable ones by kind, how many would have been but for
+    the kept copy's broker being down, and samples.
 
     Kinds: ``resent_first_home`` / ``resent_first_away`` (a caller re-sent an acknowledged
     id; its first copy on the id's own broker, or elsewhere because that one was down),
     ``ambiguous`` (one acknowledgement, an extra copy on another broker: an attempt that
     timed out but stored), ``same_broker`` (two copies on one broker), ``unacked`` (never
-    acknowledged, stored twice). Preventable: an extra copy's broker was back (and stayed
-    up) for >= 2 s before the copy was due -- time enough to cancel it.
+    acknowledged, stored twice). Preventable: the message's delay outlasted the faults --
+    an extra copy's broker was back (and the copy stored) >= 2 s before it was due, time
+    enough to cancel it, and the kept copy's broker was up then. While the kept copy's
+    broker is down the producers leave the extra copy (it fires on time, the kept one
+    again when its broker is back: a duplicate rather than a late delivery).
     """
     kinds: Counter[str] = Counter()
     preventable: Counter[str] = Counter()
@@ -282,13 +285,13 @@ def classify(
             stored = [t for b, t in ledger.acks[mid] if b == broker]
             if ends and due - max(ends + stored) >= 2.0:
                 ok = True
+        if ok and any(
+            b.t0 <= due and (b.t1 < 0 or b.t1 >= due - 2.0) for b in bands if b.target == keep
+        ):
+            ok = False
+            keep_down += n
         if ok:
             preventable[kind] += n
-            # the producers cancel it only while the kept copy's broker answers
-            if any(
-                b.t0 <= due and (b.t1 < 0 or b.t1 >= due - 2.0) for b in bands if b.target == keep
-            ):
-                keep_down += n
         if (ok and len(samples) < 16) or sum(1 for s in samples if s["kind"] == kind) < 4:
             acks = ledger.acks[mid]
             samples.append(
@@ -564,9 +567,10 @@ def headline(out: dict[str, Any]) -> str:
         f"{out['acknowledged']} acknowledged): re-sent caller id {home + away} (first copy "
         f"on its broker {home}, elsewhere {away}), ambiguous {kinds.get('ambiguous', 0)}, "
         f"other {other}\n"
-        f"preventable (due >= 2 s after the extra copy's broker was back): "
-        f"{out['duplicates_due_after_fault']} {out['preventable_by_kind']}, of which the kept "
-        f"copy's broker was down then: {out['preventable_kept_copy_down']}\n"
+        f"preventable (due >= 2 s after the extra copy's broker was back and the copy stored, "
+        f"the kept copy's broker up): {out['duplicates_due_after_fault']} "
+        f"{out['preventable_by_kind']}; with the kept copy's broker down then: "
+        f"{out['preventable_kept_copy_down']}\n"
         f"errors per broker kill: {out['errors_per_kill']} ({per or 'none'}); "
         f"seed {out['seed']}"
     )
