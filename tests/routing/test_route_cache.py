@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from tests.producer.conftest import route
+from tests.producer.conftest import BROKERS, route
 from tests.producer.fakes import fake_cluster, wait_until
 
 from qclient import Producer
@@ -67,6 +67,8 @@ def test_ttl_expiry_and_last_good() -> None:
     assert new.index is info.index  # the round robin continues across refreshes
     assert cache.get("t") == (new, True)
     assert cache.resolve("broker-b") is None  # left the route
+    assert cache.last_addr("broker-b") == BROKERS["broker-b"]  # where it may come back
+    assert cache.last_addr("broker-x") is None
     cache.mark_stale("t")  # after a send failure
     assert cache.stale_topics() == ["t"]
 
