@@ -4,7 +4,11 @@
 its queue offset and the source position in the message log); ``index`` holds one
 fixed-width ``(log position u64, size u32)`` entry per offset (RocketMQ ConsumeQueue
 style), so ``pull(offset)`` is two preads. Only the log is fsync'd: the index is derived
-and recovery rebuilds its tail from the log. Offsets become *visible* to ``pull`` by
+and recovery rebuilds its tail from the log. The firing thread writes the log only; the
+index entries of the newest offsets stay in memory until the syncer's next ``sync()``
+writes them (one write per sync instead of one per firing step: with the event loop
+busy, every syscall of the firing thread can wait a GIL switch interval), and reads of
+those offsets take their entries from memory. Offsets become *visible* to ``pull`` by
 ``publish``: right after the append, or only after the log is synced (the store's
 ``visible_before_sync``); offsets a crash took back are handled by recovery (offsets.py
 ``clamp``).
@@ -45,6 +49,10 @@ class ConsumeQueue:
         self._idx_fd = -1
         self._synced_end = 0
         self._new_dirs = False
+        # index entries of offsets idx_base.. not written to the index file yet
+        self._idx_lock = threading.Lock()
+        self._idx_base = 0
+        self._idx_tail: list[tuple[int, int]] = []
 
     def open(self) -> list[rec.Record]:
         """Open and recover; returns the records fired in the last few seconds before the
@@ -85,7 +93,7 @@ class ConsumeQueue:
             os.ftruncate(self._log_fd, pos)
         if extra:
             write_all(self._idx_fd, b"".join(extra))
-        self.next = self.visible = n + len(extra)
+        self.next = self.visible = self._idx_base = n + len(extra)
         self.log_end = self._synced_end = pos
         return self._recent()
 
@@ -116,27 +124,45 @@ class ConsumeQueue:
         for raw, src, fired_at in items:
             data = rec.to_fired(raw, fired_at, off, src)
             chunks.append(data)
-            index.append(INDEX.pack(pos, len(data)))
+            index.append((pos, len(data)))
             pos += len(data)
             off += 1
         if not chunks:
             return 0
         try:
             write_all(self._log_fd, b"".join(chunks))
-            write_all(self._idx_fd, b"".join(index))
         except OSError:
             # (disk full) nothing half-written: the firing thread retries the whole batch
             os.ftruncate(self._log_fd, self.log_end)
-            os.ftruncate(self._idx_fd, self.next * INDEX.size)
             raise
+        with self._idx_lock:
+            self._idx_tail.extend(index)
         self.log_end = pos
         count = off - self.next
         self.next = off
         return count
 
+    def write_index(self) -> None:
+        """Write the index entries kept in memory (the syncer's thread, and close)."""
+        with self._idx_lock:
+            entries = list(self._idx_tail)
+        if not entries:
+            return
+        pack = INDEX.pack
+        try:
+            write_all(self._idx_fd, b"".join([pack(p, n) for p, n in entries]))
+        except OSError:
+            os.ftruncate(self._idx_fd, self._idx_base * INDEX.size)  # nothing half-written
+            raise
+        with self._idx_lock:
+            del self._idx_tail[: len(entries)]
+            self._idx_base += len(entries)
+
     def sync(self) -> int:
-        """fdatasync the log; returns the offset up to which it is durable (publish it)."""
+        """Write the index entries kept in memory and fdatasync the log; returns the
+        offset up to which the log is durable (publish it)."""
         upto = self.next
+        self.write_index()
         if self._new_dirs and self.fsync:
             fsync_dir(self.dir)
             fsync_dir(self.dir.parent)
@@ -152,9 +178,21 @@ class ConsumeQueue:
         if upto > self.visible:
             self.visible = upto
 
-    def _read_raw(self, offset: int, count: int) -> list[tuple[rec.Record, int]]:
-        raw = os.pread(self._idx_fd, count * INDEX.size, offset * INDEX.size)
+    def _index(self, offset: int, count: int) -> list[tuple[int, int]]:
+        """``(log position, size)`` of ``count`` offsets from ``offset`` (fewer past the
+        end): from the index file, then from the entries not written yet."""
+        with self._idx_lock:
+            base = self._idx_base
+            mem = self._idx_tail[max(0, offset - base) : max(0, offset + count - base)]
+        if offset >= base:
+            return mem
+        n = min(count, base - offset)  # written before base moved past them
+        raw = os.pread(self._idx_fd, n * INDEX.size, offset * INDEX.size)
         entries = list(INDEX.iter_unpack(raw[: len(raw) - len(raw) % INDEX.size]))
+        return entries + mem if len(entries) == n else entries
+
+    def _read_raw(self, offset: int, count: int) -> list[tuple[rec.Record, int]]:
+        entries = self._index(offset, count)
         if not entries:
             return []
         start = entries[0][0]
@@ -203,6 +241,8 @@ class ConsumeQueue:
         ]
 
     def close(self) -> None:
+        if self._idx_fd >= 0:
+            self.write_index()
         for fd in (self._log_fd, self._idx_fd):
             if fd >= 0:
                 if self.fsync:

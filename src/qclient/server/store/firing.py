@@ -13,7 +13,7 @@ from collections.abc import Callable
 from qclient.server.store import record as rec
 from qclient.server.store._files import check_name
 from qclient.server.store._shared import MAX_WAIT_S, Shared
-from qclient.server.store.id_index import FIRED, record_key
+from qclient.server.store.id_index import record_key
 from qclient.server.store.syncer import Syncer
 
 log = logging.getLogger(__name__)
@@ -148,9 +148,8 @@ class Firing:
         ids = sh.files.ids
         if ids is not None:
             # the fired time, for lookups (the state itself is the dispatch log's)
-            ids.add(
-                FIRED,
-                ((record_key(raw), pos, t) for items in by_q.values() for raw, pos, t in items),
+            ids.add_fired(
+                (record_key(raw), pos, t) for items in by_q.values() for raw, pos, t in items
             )
         topics = {t for t, _ in by_q}
         if sh.config.visible_before_sync:

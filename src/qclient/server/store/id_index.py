@@ -13,9 +13,10 @@ the group commit's fsync and before the replay checkpoint moves past them, buffe
 memory (one write per partition per checkpoint instead of per group commit; lookups see
 the buffer too); the checkpoint writes and fsyncs the partitions first, so recovery only
 re-adds what came after it (a repeated entry is harmless: readers fold entries by
-position). ``FIRED`` entries are buffered the same way (the firing thread makes no write
-for them): what a ``kill -9`` loses of them, recovery re-adds from the consume logs'
-recently fired records. Readers verify every position by reading the record back (the
+position). ``FIRED`` entries are buffered too, in a list of their own until the next
+flush (the firing thread neither writes nor waits for a flush's writes): what a
+``kill -9`` loses of them, recovery re-adds from the consume logs' recently fired
+records. Readers verify every position by reading the record back (the
 key is a hash, and a torn log tail may have been rewritten), so a stale or colliding
 entry is never trusted.
 When retention deletes old log segments, :meth:`IdIndex.compact` drops the entries that
@@ -80,6 +81,8 @@ class IdIndex:
             buffer_bytes=SIDE_BUFFER_BYTES,
         )
         self._lock = threading.Lock()
+        self._fired_lock = threading.Lock()
+        self._fired: list[tuple[int, bytes]] = []  # (key, entry) kept apart (add_fired)
 
     def recover(self) -> bool:
         """Cut torn entries off the partition files; False if there were none at all (a
@@ -87,8 +90,8 @@ class IdIndex:
         return bool(self._files.recover())
 
     def add(self, kind: int, items: Iterable[tuple[int, int, int]]) -> None:
-        """Append ``(key, position, time_ms)`` entries of one kind (buffered, like
-        :meth:`add_stored`)."""
+        """Append ``(key, position, time_ms)`` entries of one kind (written at once: one
+        write per partition)."""
         parts: dict[int, list[bytes]] = {}
         pack = ENTRY.pack
         tag = kind << 56
@@ -102,7 +105,31 @@ class IdIndex:
             return
         with self._lock:
             for p, chunk in parts.items():
-                self._files.append(p, b"".join(chunk))
+                self._files.append(p, b"".join(chunk), now=True)
+
+    def add_fired(self, items: Iterable[tuple[int, int, int]]) -> None:
+        """Add ``(key, position, fired_at_ms)`` entries of fired messages (the firing
+        thread): kept apart until the next flush, under a lock no write is made with."""
+        pack = ENTRY.pack
+        tag = FIRED << 56
+        new = [(key, pack(key, pos, tag | (t & _TIME_MASK))) for key, pos, t in items]
+        with self._fired_lock:
+            self._fired.extend(new)
+
+    def _move_fired(self) -> None:
+        """Hand the FIRED entries kept apart to the partitions' buffers (``_lock`` held);
+        each is dropped from the list only once appended, so :meth:`find` always sees it."""
+        with self._fired_lock:
+            fired = list(self._fired)
+        if not fired:
+            return
+        parts: dict[int, list[bytes]] = {}
+        for key, entry in fired:
+            parts.setdefault(key & _PART_MASK, []).append(entry)
+        for p, chunk in parts.items():
+            self._files.append(p, b"".join(chunk))
+        with self._fired_lock:
+            del self._fired[: len(fired)]
 
     def add_stored(self, items: Iterable[tuple[str, int, int]]) -> None:
         """Index messages written to the log: ``(msg_id, position, deliver_at_ms)`` (the
@@ -128,10 +155,15 @@ class IdIndex:
         """Entries of ``msg_id`` (and of any id with the same hash) as ``(position, kind,
         time_ms)``, in the order they were written."""
         key = id_key(msg_id)
+        with self._fired_lock:  # first: an entry leaves this list only once appended
+            fired = [entry for k, entry in self._fired if k == key]
         data = self._files.read(key & _PART_MASK)
         out = []
         for off in aligned_find(data, _KEY.pack(key), ENTRY.size):
             _k, pos, info = ENTRY.unpack_from(data, off)
+            out.append((pos, info >> 56, info & _TIME_MASK))
+        for entry in fired:
+            _k, pos, info = ENTRY.unpack(entry)
             out.append((pos, info >> 56, info & _TIME_MASK))
         return out
 
@@ -157,14 +189,17 @@ class IdIndex:
     def flush(self) -> None:
         """Write the buffered entries to their partitions."""
         with self._lock:
+            self._move_fired()
             self._files.flush()
 
     def take_dirty(self) -> list[int]:
         """Write the buffered entries; fds of the partitions written since the last call
         (see ``AppendFiles``)."""
         with self._lock:
+            self._move_fired()
             return self._files.take_dirty()
 
     def close(self) -> None:
         with self._lock:
+            self._move_fired()
             self._files.close()

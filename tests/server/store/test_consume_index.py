@@ -1,0 +1,74 @@
+"""Index entries the firing path keeps in memory until the syncer writes them (a
+consume queue's newest offsets, the id index's FIRED entries): reads see the same before
+and after the write, and after a reopen."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from qclient.server.store import record as rec
+from qclient.server.store.consume_log import ConsumeQueue
+from qclient.server.store.id_index import FIRED, IdIndex, id_key
+
+
+def _fired(i: int) -> tuple[bytes, int, int]:
+    raw = rec.encode(rec.KIND_MESSAGE, f"m{i}", "t", b"x" * i, queue_id=1, deliver_at_ms=1000 + i)
+    return raw, 100 + i, 2000 + i
+
+
+def _ids(q: ConsumeQueue, offset: int, n: int) -> list[str]:
+    return [m.msg_id for m in q.read(offset, n)]
+
+
+def test_reads_across_written_and_in_memory_index_entries(tmp_path: Path) -> None:
+    q = ConsumeQueue(tmp_path / "t" / "1", "t", 1, fsync=False)
+    q.open()
+    q.append([_fired(i) for i in range(5)])
+    q.publish(q.sync())  # entries 0-4 written to the index file
+    q.append([_fired(i) for i in range(5, 50)])  # 5-49 in memory only
+    q.publish(q.next)
+    want = [f"m{i}" for i in range(50)]
+    assert _ids(q, 0, 50) == want
+    assert _ids(q, 0, 3) == want[:3]  # wholly in the file, a long tail in memory
+    assert _ids(q, 3, 10) == want[3:13]  # across the boundary
+    assert _ids(q, 20, 100) == want[20:]  # wholly in memory, past the end
+    assert [m.fired_at_ms for m in q.read(7, 1)] == [2007]
+    q.sync()
+    assert _ids(q, 3, 10) == want[3:13]
+    q.append([_fired(i) for i in range(50, 60)])
+    q.publish(q.next)
+    q.close()  # writes what is still in memory
+    again = ConsumeQueue(tmp_path / "t" / "1", "t", 1, fsync=False)
+    again.open()
+    assert again.next == 60
+    assert _ids(again, 0, 100) == [f"m{i}" for i in range(60)]
+    again.close()
+
+
+def test_an_index_never_written_is_rebuilt_from_the_log(tmp_path: Path) -> None:
+    q = ConsumeQueue(tmp_path / "q", "t", 0, fsync=False)
+    q.open()
+    q.append([_fired(i) for i in range(8)])
+    # a kill -9: the entries in memory are gone, the log has every record
+    reopened = ConsumeQueue(tmp_path / "q", "t", 0, fsync=False)
+    reopened.open()
+    assert reopened.next == 8
+    assert _ids(reopened, 0, 8) == [f"m{i}" for i in range(8)]
+    reopened.close()
+    q.close()
+
+
+def test_fired_entries_kept_apart_are_found_before_and_after_a_flush(tmp_path: Path) -> None:
+    ids = IdIndex(tmp_path / "ids", fsync=False)
+    ids.recover()
+    key = id_key("m1")
+    ids.add_fired([(key, 40, 1234), (id_key("other"), 80, 1)])
+    assert ids.find("m1") == [(40, FIRED, 1234)]
+    assert ids.take_dirty() is not None  # the checkpoint's flush
+    assert ids.find("m1") == [(40, FIRED, 1234)]
+    ids.add_fired([(key, 90, 2000)])
+    ids.close()
+    again = IdIndex(tmp_path / "ids", fsync=False)
+    again.recover()
+    assert again.find("m1") == [(40, FIRED, 1234), (90, FIRED, 2000)]
+    again.close()
