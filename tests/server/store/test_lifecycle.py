@@ -187,10 +187,11 @@ def test_buffered_append_files(tmp_path: Path) -> None:
     assert files.path(1).read_bytes() == b"aaaabbbb" and files.read(2) == b"cccc"
     files.append(1, b"dddd")
     assert files.read(1) == b"aaaabbbbdddd" and files.read(1, 10) == b"aaaabbbb"
-    files.append(2, b"eeee", now=True)  # written at once
-    assert files.path(2).read_bytes() == b"cccceeee"
-    files.append(3, b"ffff" * 3)  # 16 bytes pending in all: the limit writes them
+    files.append(2, b"eeee")
+    assert files.path(2).read_bytes() == b"cccc"
+    files.append(3, b"ffff" * 2)  # 16 bytes pending in all: the limit writes them
     assert files.path(1).read_bytes() == b"aaaabbbbdddd" and files.path(3).exists()
+    assert files.path(2).read_bytes() == b"cccceeee"
     files.append(1, b"gggg")
     files.replace(1, b"zzzz")
     assert files.read(1) == b"zzzz" and files.size(1) == 4

@@ -182,9 +182,9 @@ class AppendFiles:
             os.close(ofd)
         return fd
 
-    def append(self, key: int, data: bytes, *, now: bool = False) -> None:
-        """Append ``data`` (a whole number of units) to file ``key``; buffered (see the
-        class doc) unless ``now``, which writes the file's buffered appends and ``data``."""
+    def append(self, key: int, data: bytes) -> None:
+        """Append ``data`` (a whole number of units) to file ``key`` (buffered: see the
+        class doc)."""
         pending = self._pending.get(key)
         if pending is None:
             pending = self._pending[key] = []
@@ -192,8 +192,8 @@ class AppendFiles:
         n = len(data)
         self._sizes[key] = self._sizes.get(key, 0) + n
         self._pending_bytes += n
-        if now or self._pending_bytes >= self.buffer_bytes:
-            if now or self.buffer_bytes <= 0:
+        if self._pending_bytes >= self.buffer_bytes:
+            if self.buffer_bytes <= 0:
                 self._write(key)
             else:
                 self.flush()
