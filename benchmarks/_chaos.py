@@ -279,8 +279,9 @@ class Nemesis(threading.Thread):
         self.events.append((band.t1, f"{band.target} back"))
 
     def _start(self, kind: str, target: str, action: Callable[[], None]) -> Band:
+        t0 = self.clock()  # a clean stop takes a while: the fault begins with it
         action()
-        band = Band(kind, target, self.clock())
+        band = Band(kind, target, t0)
         self.bands.append(band)
         self.events.append((band.t0, f"{kind} {target}"))
         self._faulty.add(target)

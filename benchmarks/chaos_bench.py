@@ -106,7 +106,10 @@ class Traffic:
         """Before closing: wait for ``release``, then for pending copies to settle."""
         self.release.wait(120)
         deadline = time.monotonic() + 15
-        while p._ambiguous.pending() and time.monotonic() < deadline:
+        copies = p._ambiguous
+        while time.monotonic() < deadline and (
+            copies.pending() or copies.late_asks_within(deadline - time.monotonic())
+        ):
             time.sleep(0.2)
         self.ambiguous.update(p._ambiguous.counts)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+import msgspec
 from tests.producer.conftest import BROKERS, route
 from tests.producer.fakes import fake_cluster, wait_until
 
@@ -101,3 +102,19 @@ def test_route_that_lost_a_broker_is_rechecked_soon() -> None:
     clock.now += 5.1
     assert cache.stale_topics() == []
     assert cache.get("t")[0].lost == {}
+
+
+def test_partial_route_keeps_the_brokers_it_lacks() -> None:
+    """A name server that just started lists only the brokers that registered again so
+    far: the missing ones stay (until a complete route), and it is asked again soon."""
+    clock = Clock()
+    cache = RouteCache(30.0, ThreadLocalIndex, timer=clock, recheck_interval=5.0)
+    cache.put("t", route())
+    only_a = route(brokers={"broker-a": BROKERS["broker-a"]})
+    info = cache.put("t", msgspec.structs.replace(only_a, partial=True))
+    assert sorted(info.by_broker) == ["broker-a", "broker-b"] and info.lost == {}
+    assert info.broker_addrs == BROKERS
+    clock.now += 5.1
+    assert cache.stale_topics() == ["t"]
+    info = cache.put("t", only_a)  # complete: broker-b is gone
+    assert sorted(info.by_broker) == ["broker-a"] and "broker-b" in info.lost

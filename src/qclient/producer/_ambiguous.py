@@ -163,6 +163,12 @@ class AmbiguousCopies:
         """Copies being asked about now (not those waiting for their late ask)."""
         return len(self._pending)
 
+    def late_asks_within(self, seconds: float) -> int:
+        """Copies whose late ask comes within ``seconds``."""
+        until = self._clock_ms() + seconds * 1000
+        with self._lock:
+            return sum(1 for at, key in self._later if at <= until and key in self._deferred)
+
     def _run(self) -> None:
         while not self._closed:
             try:

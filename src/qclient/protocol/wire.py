@@ -175,6 +175,10 @@ class TopicRoute(_Base):
     #: True when the topic does not exist yet and the route lists the brokers that
     #: will create it on first send (RocketMQ's TBW102 default route).
     auto_create: bool = False
+    #: True while the name server is younger than its broker expiry: brokers registered
+    #: before it started may not have registered again yet, so a broker missing here may
+    #: still be alive (clients keep the brokers of their last route meanwhile)
+    partial: bool = False
 
 
 class BrokerInfo(_Base):

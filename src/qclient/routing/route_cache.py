@@ -80,6 +80,8 @@ class RouteCache:
         """Store a freshly fetched route; keeps the topic's round-robin counter."""
         with self._lock:
             old = self._last_good.get(topic)
+            if route.partial and old is not None:
+                route = _with_missing(route, old.route)
             index = old.index if old is not None else self._index_factory()
             info = TopicPublishInfo.from_route(topic, route, index=index)
             now = self._timer()
@@ -101,7 +103,8 @@ class RouteCache:
                 lost.update((b, now) for b in old.by_broker if b not in info.by_broker)
             # while brokers are missing, look again soon so one that returns gets traffic
             info.lost = lost
-            info.fresh_until = now + (self.recheck_interval if lost else self.refresh_interval)
+            soon = lost or route.partial
+            info.fresh_until = now + (self.recheck_interval if soon else self.refresh_interval)
             self._fresh[topic] = info
             self._last_good[topic] = info
             self._rebuild_addrs()
@@ -136,3 +139,22 @@ class RouteCache:
             addrs.update(info.broker_addrs)
         self._addrs = addrs  # replaced whole: readers without the lock see old or new
         self._last_addrs = {**self._last_addrs, **addrs}
+
+
+def _with_missing(new: TopicRoute, old: TopicRoute) -> TopicRoute:
+    """A partial route (from a name server that just started) with the brokers of the
+    last route that it lacks: they may not have registered again yet. One that is gone
+    is avoided by the fault table and leaves at the next complete route."""
+    have = {q.broker_name for q in new.queue_datas}
+    queues = [q for q in old.queue_datas if q.broker_name not in have]
+    if not queues:
+        return new
+    missing = {q.broker_name for q in queues}
+    brokers = [b for b in old.broker_datas if b.broker_name in missing]
+    return TopicRoute(
+        new.topic,
+        [*new.queue_datas, *queues],
+        [*new.broker_datas, *brokers],
+        auto_create=new.auto_create and old.auto_create,
+        partial=True,
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from tests.integration.helpers import wait_until
 
 from qclient.protocol import wire
 from qclient.server.namesrv.route_table import RouteTable
@@ -76,3 +77,15 @@ def test_unknown_topic_gets_the_auto_create_route_of_writable_brokers(table) -> 
     assert [(q.broker_name, q.write_queue_nums) for q in route.queue_datas] == [("b1", 8)]
     t.unregister("b1", "h:1")
     assert t.route("new") is None
+
+
+def test_routes_are_partial_until_the_broker_expiry_after_start() -> None:
+    """Brokers registered before a restart may be missing until their next heartbeat,
+    which comes within the expiry: routes say so until then."""
+    t = RouteTable(expire_ms=300)
+    t.register(reg("b1", "h:1", {"t": wire.TopicConfig(2, 2)}))
+    first = t.route("t")
+    assert first is not None and first.partial
+    wait_until(lambda: not t.route("t").partial, 5, "routes to be complete")  # type: ignore[union-attr]
+    auto = t.route("new")
+    assert auto is not None and auto.auto_create and not auto.partial

@@ -23,6 +23,9 @@ class RouteTable:
 
     def __init__(self, expire_ms: int) -> None:
         self.expire_ms = expire_ms
+        #: until then routes are partial: a broker alive before a restart registers again
+        #: within its heartbeat interval, which is shorter than the expiry
+        self._partial_until = self._now() + expire_ms
         self._brokers: dict[str, BrokerLive] = {}
         self._lock = threading.Lock()
 
@@ -102,8 +105,9 @@ class RouteTable:
             broker_datas.append(
                 wire.BrokerData(reg.broker_name, {wire.MASTER_ID: reg.addr}, reg.cluster)
             )
+        partial = self._now() < self._partial_until
         if queue_datas:
-            return wire.TopicRoute(topic, queue_datas, broker_datas)
+            return wire.TopicRoute(topic, queue_datas, broker_datas, partial=partial)
         # RocketMQ's TBW102: brokers that create topics on first send.
         for live in lives:
             reg = live.registration
@@ -114,5 +118,7 @@ class RouteTable:
                     wire.BrokerData(reg.broker_name, {wire.MASTER_ID: reg.addr}, reg.cluster)
                 )
         if queue_datas:
-            return wire.TopicRoute(topic, queue_datas, broker_datas, auto_create=True)
+            return wire.TopicRoute(
+                topic, queue_datas, broker_datas, auto_create=True, partial=partial
+            )
         return None
