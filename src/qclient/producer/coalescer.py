@@ -1,11 +1,12 @@
 """Coalescing of concurrent single sends: a group commit on the client side.
 
-Each broker has ``limit`` request slots. A send that finds a free slot leaves at once, in
-the caller's own thread, as a one-message request: no linger, no hand-off to another thread.
-A send that finds every slot busy queues; when a slot frees up, everything queued for that
-broker (up to the batch limits) leaves together in one request, sent by one of the waiting
-callers (leader/follower, as in a database's group commit). Concurrent callers so share
-requests, and the broker shares one fsync among them.
+Each broker has ``IN_FLIGHT`` request slots. A send that finds a free slot leaves at once,
+in the caller's own thread, as a one-message request: no linger, no hand-off to another
+thread. A send that finds every slot busy queues; when a slot frees up, everything queued
+for that broker (up to the batch limits) leaves together in one request, sent by one of the
+waiting callers (leader/follower, as in a database's group commit), and the callers the
+finished request answered are woken once that next request is written. Concurrent callers
+so share requests, and the broker shares one fsync among them.
 
 Every fault-tolerance rule holds as for a lone send, because a coalesced request is an
 ordinary send plan (``ProducerCore.plan_send``): per-request latency into the fault table,
