@@ -33,8 +33,12 @@ def read_request(conn: socket.socket) -> bytes:
         k, _, v = line.partition(b":")
         if k.strip().lower() == b"content-length":
             length = int(v)
-    while len(rest) < length:
-        rest += conn.recv(65536)
+    body = bytearray(rest)
+    while len(body) < length:
+        chunk = conn.recv(1 << 20)
+        if not chunk:
+            return b""
+        body += chunk
     return head
 
 
@@ -190,3 +194,25 @@ def test_async_transport_reuse_errors_and_timeouts() -> None:
     with server(mixed) as (addr, conns):
         asyncio.run(main(addr))
     assert len(conns) == 2
+
+
+def test_body_bigger_than_the_socket_buffers_is_written_whole() -> None:
+    written: list[int] = []
+    with server(ok) as (addr, _):
+        t = LeanTransport()
+        assert t.request("POST", addr, "/", b"warm", timeout=2).status == 200
+        body = b"b" * (8 << 20)  # more than loopback's buffers take at once: partial sends
+        r = t.request("POST", addr, "/", body, timeout=10, on_write=lambda: written.append(1))
+        assert (r.status, r.content) == (200, b"ok")  # the server read all Content-Length
+        t.close()
+    assert written == [1]  # once, when the whole request was out (the connection was idle)
+
+
+def test_server_that_reads_nothing_is_a_write_timeout() -> None:
+    lsock = socket.create_server(("127.0.0.1", 0))  # never accepts: the backlog connects
+    addr = f"127.0.0.1:{lsock.getsockname()[1]}"
+    try:
+        with pytest.raises(httpx.WriteTimeout):
+            LeanTransport().request("POST", addr, "/", b"b" * (64 << 20), timeout=0.3)
+    finally:
+        lsock.close()
