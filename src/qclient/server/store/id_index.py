@@ -90,8 +90,8 @@ class IdIndex:
         return bool(self._files.recover())
 
     def add(self, kind: int, items: Iterable[tuple[int, int, int]]) -> None:
-        """Append ``(key, position, time_ms)`` entries of one kind (written at once: one
-        write per partition)."""
+        """Append ``(key, position, time_ms)`` entries of one kind (buffered per partition,
+        like every append: see ``AppendFiles``)."""
         parts: dict[int, list[bytes]] = {}
         pack = ENTRY.pack
         tag = kind << 56
@@ -105,7 +105,7 @@ class IdIndex:
             return
         with self._lock:
             for p, chunk in parts.items():
-                self._files.append(p, b"".join(chunk), now=True)
+                self._files.append(p, b"".join(chunk))
 
     def add_fired(self, items: Iterable[tuple[int, int, int]]) -> None:
         """Add ``(key, position, fired_at_ms)`` entries of fired messages (the firing
