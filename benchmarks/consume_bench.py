@@ -61,9 +61,15 @@ def _summary(
 ) -> dict[str, float]:
     s = sorted(lateness)
     extra = {}
-    if fired:  # the broker's part: fired_at - deliver_at
+    if fired:  # the broker's part: fired_at - deliver_at; the pull path's: the rest
         f = sorted(fired)
-        extra = {"fired_p50_ms": percentile(f, 50), "fired_p99_ms": percentile(f, 99)}
+        after = sorted(x - y for x, y in zip(lateness, fired, strict=True))
+        extra = {
+            "fired_p50_ms": percentile(f, 50),
+            "fired_p99_ms": percentile(f, 99),
+            "after_fire_p50_ms": percentile(after, 50),
+            "after_fire_p99_ms": percentile(after, 99),
+        }
     return {
         **extra,
         "expected": expected,
@@ -210,6 +216,12 @@ def _report(label: str, r: dict[str, Any]) -> None:
     print(
         f"{label} @{r['due_rate_msgs_per_s']:,}/s: received p50 {r['lateness_p50_ms']:.2f} ms, "
         f"p99 {r['lateness_p99_ms']:.2f} ms, early {r['early']}, lost {r['lost']}"
+        + (
+            f" (fired p99 {r['fired_p99_ms']:.0f} ms, poll return - fired_at p99 "
+            f"{r['after_fire_p99_ms']:.1f} ms)"
+            if "after_fire_p99_ms" in r
+            else ""
+        )
         + (
             f"; CPU/msg broker {r['broker_cpu_us_per_msg']:.1f} us, "
             f"consumer {r['client_cpu_us_per_msg']:.1f} us"
