@@ -104,7 +104,7 @@ class Traffic:
 
     def _linger(self, p: Producer | AsyncProducer) -> None:
         """Before closing: wait for ``release``, then for pending copies to settle."""
-        self.release.wait(120)
+        self.release.wait()
         deadline = time.monotonic() + 15
         copies = p._ambiguous
         while time.monotonic() < deadline and (
@@ -466,11 +466,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             traffic.stop.set()
             nemesis.halt()
             nemesis.join(120)
-            traffic.join()  # after the faults healed: producers cancel what they noted
             end = clock()
             last_due = max((d for d, _, _ in ledger.acked.values()), default=0)
             wait_s = max(0.0, last_due / 1000 - time.time()) + args.grace
+            # the producers stay open until every message is due, as a service's would:
+            # they cancel the copies they noted (some shortly before those are due)
             copies = audit(cluster.namesrv, ledger, time.monotonic() + wait_s)
+            traffic.join()
         finally:
             traffic.stop.set()
             traffic.release.set()
