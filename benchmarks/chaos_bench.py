@@ -71,6 +71,8 @@ class Traffic:
         self.ambiguous: Counter[str] = Counter()
         self._ids = itertools.count()
         self._threads: list[threading.Thread] = []
+        self._sent = 0  # threads done sending (their last send answered)
+        self._sent_cv = threading.Condition()
 
     def _next(self, rng: random.Random, kind: str) -> tuple[str, dict[str, float]]:
         """A new id and delay, or (now and then) an acknowledged id again, same time."""
@@ -96,6 +98,11 @@ class Traffic:
             t.start()
             self._threads.append(t)
 
+    def wait_sent(self, timeout: float) -> None:
+        """After ``stop``: until every thread's last send is answered."""
+        with self._sent_cv:
+            self._sent_cv.wait_for(lambda: self._sent >= len(self._threads), timeout)
+
     def join(self) -> None:
         self.stop.set()
         self.release.set()
@@ -104,6 +111,9 @@ class Traffic:
 
     def _linger(self, p: Producer | AsyncProducer) -> None:
         """Before closing: wait for ``release``, then for pending copies to settle."""
+        with self._sent_cv:
+            self._sent += 1
+            self._sent_cv.notify_all()
         self.release.wait()
         deadline = time.monotonic() + 15
         copies = p._ambiguous
@@ -214,8 +224,9 @@ class Traffic:
 def audit(namesrv: str, ledger: Ledger, deadline: float) -> list[Any]:
     """Read every queue from offset 0 with a fresh group until each acknowledged id is
     seen and the last is due, or ``deadline`` (time.monotonic)."""
-    want = set(ledger.acked)
-    last_due = max((d for d, _, _ in ledger.acked.values()), default=0)
+    with ledger.lock:  # a send_async callback may still be adding its last ones
+        want = set(ledger.acked)
+        last_due = max((d for d, _, _ in ledger.acked.values()), default=0)
     got: list[Any] = []
     seen: set[str] = set()
     with Consumer(namesrv, TOPIC, f"audit-{int(time.time())}") as c:
@@ -466,8 +477,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             traffic.stop.set()
             nemesis.halt()
             nemesis.join(120)
+            traffic.wait_sent(SEND_TIMEOUT * 5)
             end = clock()
-            last_due = max((d for d, _, _ in ledger.acked.values()), default=0)
+            with ledger.lock:
+                last_due = max((d for d, _, _ in ledger.acked.values()), default=0)
             wait_s = max(0.0, last_due / 1000 - time.time()) + args.grace
             # the producers stay open until every message is due, as a service's would:
             # they cancel the copies they noted (some shortly before those are due)
