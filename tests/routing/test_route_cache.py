@@ -118,3 +118,19 @@ def test_partial_route_keeps_the_brokers_it_lacks() -> None:
     assert cache.stale_topics() == ["t"]
     info = cache.put("t", only_a)  # complete: broker-b is gone
     assert sorted(info.by_broker) == ["broker-a"] and "broker-b" in info.lost
+
+
+def test_first_route_of_a_created_topic_keeps_the_auto_create_brokers() -> None:
+    """Right after a topic's first sends the name server may list only the brokers that
+    registered it so far: the others of the auto-create route stay until a complete
+    route, which is asked for soon (else a broker dying then would leave no other)."""
+    clock = Clock()
+    cache = RouteCache(30.0, ThreadLocalIndex, timer=clock, recheck_interval=5.0)
+    cache.put("t", msgspec.structs.replace(route(), auto_create=True))
+    only_a = route(brokers={"broker-a": BROKERS["broker-a"]})
+    info = cache.put("t", only_a)
+    assert sorted(info.by_broker) == ["broker-a", "broker-b"] and info.lost == {}
+    clock.now += 5.1
+    assert cache.stale_topics() == ["t"]
+    info = cache.put("t", only_a)  # complete and no longer the auto-create route: b is gone
+    assert sorted(info.by_broker) == ["broker-a"] and "broker-b" in info.lost

@@ -80,7 +80,13 @@ class RouteCache:
         """Store a freshly fetched route; keeps the topic's round-robin counter."""
         with self._lock:
             old = self._last_good.get(topic)
-            if route.partial and old is not None:
+            # Brokers the new route lacks but may only not have registered yet: after a
+            # name-server restart (a partial route), and right after a topic's first sends
+            # (the auto-create route listed every broker; each registers the topic once it
+            # stored its first message, not all at once).
+            if old is not None and (
+                route.partial or (old.route.auto_create and not route.auto_create)
+            ):
                 route = _with_missing(route, old.route)
             index = old.index if old is not None else self._index_factory()
             info = TopicPublishInfo.from_route(topic, route, index=index)
@@ -142,9 +148,9 @@ class RouteCache:
 
 
 def _with_missing(new: TopicRoute, old: TopicRoute) -> TopicRoute:
-    """A partial route (from a name server that just started) with the brokers of the
-    last route that it lacks: they may not have registered again yet. One that is gone
-    is avoided by the fault table and leaves at the next complete route."""
+    """``new`` with the brokers of the last route that it lacks, marked partial (so it is
+    asked again soon): they may not have registered (again) yet. One that is gone is
+    avoided by the fault table and leaves at the next complete route."""
     have = {q.broker_name for q in new.queue_datas}
     queues = [q for q in old.queue_datas if q.broker_name not in have]
     if not queues:
