@@ -67,7 +67,9 @@ def sends_to(p: Producer, broker: str) -> None:
 
 
 def test_even_load_with_one_thread(mock: respx.MockRouter) -> None:
-    with producer() as p:
+    # the round robin alone: with latency isolation on, one answer stalled > 550 ms by a
+    # loaded machine would isolate a broker and skew the counts (tested elsewhere)
+    with producer(send_latency_fault_enable=False) as p:
         counts = collections.Counter()
         for i in range(1600):
             r = p.send_delayed("t", f"m{i}", delay=10)
