@@ -6,6 +6,12 @@ from __future__ import annotations
 import collections
 import threading
 
+from tests.producer.conftest import route
+
+from qclient.fault import ThreadLocalIndex
+from qclient.fault.strategy import id_order, id_owner
+from qclient.routing import TopicPublishInfo
+
 from .test_fault import info, make
 
 
@@ -69,3 +75,15 @@ def test_a_slow_but_reachable_broker_keeps_its_ids() -> None:
     for b in {q.broker_name for q in inf.queues}:
         s.update_fault_item(b, 2000, isolation=False, reachable=True)  # 5 s isolation
     assert {k: s.select_for_id(inf, k) for k in before} == before
+
+
+def test_id_order_is_the_order_select_for_id_tries_brokers_in() -> None:
+    s, _ = make()
+    brokers = {f"broker-{c}": f"127.0.0.1:{10911 + i}" for i, c in enumerate("abc")}
+    inf = TopicPublishInfo.from_route("t", route("t", brokers=brokers), index=ThreadLocalIndex())
+    for i in range(200):
+        order = id_order(f"id-{i}", brokers)
+        assert order[0] == id_owner(f"id-{i}", brokers)
+        assert s.select_for_id(inf, f"id-{i}").broker_name == order[0]
+        # its own broker failed: the next one stands in
+        assert s.select_for_id(inf, f"id-{i}", last_broker=order[0]).broker_name == order[1]

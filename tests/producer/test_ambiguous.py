@@ -131,7 +131,7 @@ def test_id_broker_is_asked_again_shortly_before_the_copy_is_due() -> None:
         lambda r: cancels.append(r.broker_name) is None, lookup, clock_ms=lambda: now[0]
     )
     try:
-        copies.note(_result("b", now[0] + 60_000), (), home="a")
+        copies.note(_result("b", now[0] + 60_000), (), away_from=("a",))
         wait_until(lambda: copies.counts["asked_late"] == 0 and not copies.pending(), 5, "ask")
         assert cancels == [] and copies.counts["not_found"] == 0
         now[0] += 58_500  # 1.5 s before it is due
@@ -154,12 +154,12 @@ def test_copy_stays_when_the_acknowledged_one_is_gone() -> None:
 
     copies = AmbiguousCopies(lambda r: cancels.append(r.broker_name) is None, lookup)
     try:
-        copies.note(_result("b", time.time() * 1000 + 60_000), (), home="a")
+        copies.note(_result("b", time.time() * 1000 + 60_000), (), away_from=("a",))
         wait_until(lambda: copies.pending() == 0, 5, "the copy to be settled")
         assert looked == ["a", "b"] and cancels == []
         assert copies.counts["kept"] == 1 and copies.counts["noted_away"] == 1
         state["b"] = "fired"  # delivered from b: a's copy is the extra one
-        copies.note(_result("b", time.time() * 1000 + 60_000), (), home="a")
+        copies.note(_result("b", time.time() * 1000 + 60_000), (), away_from=("a",))
         wait_until(lambda: copies.pending() == 0, 5, "the second copy to be settled")
         assert cancels == ["a"] and copies.counts["cancelled"] == 1
     finally:
@@ -234,3 +234,23 @@ def test_async_producer_looks_up_and_cancels_a_copy_from_the_copies_thread() -> 
 
     with LocalCluster(brokers=1) as cluster:
         assert asyncio.run(main(cluster.namesrv)) == ("scheduled", True, "cancelled")
+
+
+def test_every_broker_before_the_acknowledging_one_is_asked() -> None:
+    """Acknowledged by the id's third broker (its own and the next were down): a copy
+    may be on either of them, say from a re-send while only the first was down."""
+    asked: list[str] = []
+
+    def lookup(topic: str, msg_id: str, broker: str) -> str | None:
+        asked.append(broker)
+        return "scheduled" if broker in ("b", "c") else None
+
+    cancels: list[str] = []
+    copies = AmbiguousCopies(lambda r: cancels.append(r.broker_name) is None, lookup)
+    try:
+        copies.note(_result("c", time.time() * 1000 + 2_500), (), away_from=("a", "b"))
+        wait_until(lambda: copies.pending() == 0, 5, "both to be settled")
+        assert copies.counts["noted_away"] == 2 and cancels == ["b"]
+        assert sorted(set(asked)) == ["a", "b", "c"]
+    finally:
+        copies.close()

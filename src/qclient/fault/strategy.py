@@ -13,7 +13,7 @@ from .index import POSITIVE_MASK
 from .latency import LatencyFaultTolerance
 from .policy import FaultPolicy, IsolationPolicy, Outcome
 
-__all__ = ["LATENCY_MAX_MS", "NOT_AVAILABLE_MS", "MQFaultStrategy", "id_owner"]
+__all__ = ["LATENCY_MAX_MS", "NOT_AVAILABLE_MS", "MQFaultStrategy", "id_order", "id_owner"]
 
 log = logging.getLogger(__name__)
 
@@ -229,8 +229,14 @@ def _broker_seed(name: str) -> int:
 def id_owner(msg_id: str, brokers: Iterable[str]) -> str:
     """The broker a caller-chosen id belongs to among ``brokers`` (all of them up): the
     one ``select_for_id`` picks when none is excluded."""
+    return id_order(msg_id, brokers)[0]
+
+
+def id_order(msg_id: str, brokers: Iterable[str]) -> list[str]:
+    """``brokers`` in the order ``select_for_id`` tries them for a caller-chosen id: its
+    own broker first, then the one that stands in while that one is excluded, ..."""
     key = msg_id.encode()
-    return max(sorted(brokers), key=lambda b: _hash(key, _broker_seed(b)))
+    return sorted(sorted(brokers), key=lambda b: _hash(key, _broker_seed(b)), reverse=True)
 
 
 def _pick_for_id(

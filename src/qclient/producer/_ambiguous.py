@@ -119,9 +119,12 @@ class AmbiguousCopies:
             "dropped": 0,
         }
 
-    def note(self, acked: SendResult, brokers: Iterable[str], home: str | None = None) -> None:
-        """``acked`` was acknowledged after ambiguous attempts on ``brokers``, and (for a
-        caller-chosen id acknowledged away from it) the id belongs to ``home``."""
+    def note(
+        self, acked: SendResult, brokers: Iterable[str], away_from: Iterable[str] = ()
+    ) -> None:
+        """``acked`` was acknowledged after ambiguous attempts on ``brokers``, and (a
+        caller-chosen id) by a broker after ``away_from`` in the id's order of brokers:
+        its own, then those that stand in for it."""
         with self._lock:
             if self._closed:
                 return
@@ -135,7 +138,9 @@ class AmbiguousCopies:
                         acked.topic, acked.msg_id, b, acked.deliver_at_ms, keep, _NOT_FOUND_ASKS
                     )
                     self.counts["noted"] += 1
-            if home is not None and home != keep:
+            for home in away_from:
+                if home == keep:
+                    continue
                 key = (acked.topic, acked.msg_id, home)
                 if key not in self._pending and key not in self._deferred:
                     self._pending[key] = _Copy(

@@ -27,7 +27,7 @@ from ..errors import (
     SendTimeoutError,
 )
 from ..fault.latency import FaultItemSnapshot
-from ..fault.strategy import MQFaultStrategy, id_owner
+from ..fault.strategy import MQFaultStrategy, id_order
 from ..protocol.wire import (
     BROKER_SEND,
     ENCODINGS,
@@ -126,8 +126,11 @@ class ProducerCore:
         )
         self.on_route_failure: Callable[[str], None] | None = None
         #: told of a message that other brokers may hold too: acknowledged after ambiguous
-        #: attempts on them, or (a caller-chosen id) away from the broker the id belongs to
-        self.on_ambiguous: Callable[[SendResult, tuple[str, ...], str | None], None] | None = None
+        #: attempts on them, or (a caller-chosen id) by a broker after others in the id's
+        #: order of brokers (``id_order``: they were down, or failed this send)
+        self.on_ambiguous: Callable[[SendResult, tuple[str, ...], tuple[str, ...]], None] | None = (
+            None
+        )
         #: Message -> WireMessage with this config's limits (validation included)
         self.builder = WireBuilder(cfg)
 
@@ -458,14 +461,14 @@ class ProducerCore:
         """Tell ``on_ambiguous`` of the other brokers that may hold ``sr``'s message."""
         if self.on_ambiguous is None:
             return
-        home = None
+        above: tuple[str, ...] = ()
         if it.pinned:
             info = it.info
-            home = id_owner(sr.msg_id, info.by_broker.keys() | info.lost.keys())
-            if home == sr.broker_name:
-                home = None
-        if it.ambiguous or home is not None:
-            self.on_ambiguous(sr, it.ambiguous, home)
+            order = id_order(sr.msg_id, info.by_broker.keys() | info.lost.keys())
+            if sr.broker_name in order:
+                above = tuple(order[: order.index(sr.broker_name)])
+        if it.ambiguous or above:
+            self.on_ambiguous(sr, it.ambiguous, above)
 
     @staticmethod
     def _fail(

@@ -185,10 +185,10 @@ class AsyncProducer(ProducerBase):
         self._core.on_ambiguous = self._note_ambiguous
 
     def _note_ambiguous(
-        self, result: SendResult, brokers: tuple[str, ...], home: str | None
+        self, result: SendResult, brokers: tuple[str, ...], away_from: tuple[str, ...]
     ) -> None:
         self._loop = asyncio.get_running_loop()  # called by a send, on the producer's loop
-        self._ambiguous.note(result, brokers, home)
+        self._ambiguous.note(result, brokers, away_from)
 
     def _on_loop(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run ``coro`` on the producer's loop from the copies' thread, and wait."""
