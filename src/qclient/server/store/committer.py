@@ -318,18 +318,14 @@ class Committer:
             for e, pos in zip(entries, positions, strict=True):
                 e.position = pos
                 kind = e.kind
-                if kind == _MSG:
-                    stored += 1
-                    items.append((pos, len(e.data), _MSG, e.deliver_at, e.ref))
-                    indexed.append((e.msg_id, pos, e.deliver_at))
-                elif kind == _RESCHEDULE:
+                if kind == _RESCHEDULE:
                     items.append((pos, len(e.data), _MSG, e.deliver_at, 0))
                     items.append((pos, len(e.data), _CANCEL, e.prev_deliver_at, e.ref))
-                    indexed.append((e.msg_id, pos, e.deliver_at))
                 else:
                     items.append((pos, len(e.data), kind, e.deliver_at, e.ref))
-                    if kind != _CANCEL:
-                        indexed.append((e.msg_id, pos, e.deliver_at))
+                    stored += kind == _MSG
+                if kind != _CANCEL:
+                    indexed.append((e.msg_id, pos, e.deliver_at))
                 e.data = b""
             try:
                 # indexed before the replay offset passes them, so the checkpoint's fsync

@@ -101,11 +101,13 @@ class IdIndex:
             if chunk is None:
                 chunk = parts[p] = []
             chunk.append(pack(key, pos, tag | (t & _TIME_MASK)))
-        if not parts:
-            return
         with self._lock:
-            for p, chunk in parts.items():
-                self._files.append(p, b"".join(chunk))
+            self._append(parts)
+
+    def _append(self, parts: dict[int, list[bytes]]) -> None:
+        """Append each partition's entries in one buffered write (``_lock`` held)."""
+        for p, chunk in parts.items():
+            self._files.append(p, b"".join(chunk))
 
     def add_fired(self, items: Iterable[tuple[int, int, int]]) -> None:
         """Add ``(key, position, fired_at_ms)`` entries of fired messages (the firing
@@ -126,8 +128,7 @@ class IdIndex:
         parts: dict[int, list[bytes]] = {}
         for key, entry in fired:
             parts.setdefault(key & _PART_MASK, []).append(entry)
-        for p, chunk in parts.items():
-            self._files.append(p, b"".join(chunk))
+        self._append(parts)
         with self._fired_lock:
             del self._fired[: len(fired)]
 
@@ -148,8 +149,7 @@ class IdIndex:
             chunk.append(pack(key, pos, tag | (t & _TIME_MASK)))
         if parts:
             with self._lock:
-                for p, chunk in parts.items():
-                    self._files.append(p, b"".join(chunk))
+                self._append(parts)
 
     def find(self, msg_id: str) -> list[tuple[int, int, int]]:
         """Entries of ``msg_id`` (and of any id with the same hash) as ``(position, kind,
