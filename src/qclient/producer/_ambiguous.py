@@ -207,7 +207,7 @@ class AmbiguousCopies:
             self._busy.update(b for b, _ in todo)
         for b, cs in todo:
             threading.Thread(
-                target=self._broker_round, args=(b, cs), name="qclient-ambiguous-b", daemon=True
+                target=self._broker_round, args=(b, cs), name=f"qclient-ambiguous-{b}", daemon=True
             ).start()
 
     def _broker_round(self, broker: str, copies: list[_Copy]) -> None:
@@ -296,7 +296,7 @@ class AmbiguousCopies:
         if c.not_found < c.asks:
             return
         at = c.deliver_at_ms - _LATE_ASK_MS
-        if c.late_ask and at > self._clock_ms() + 2000 * _RETRY_S:
+        if c.late_ask and at > self._clock_ms() + 2 * _RETRY_S * 1000:  # two rounds ahead
             c.late_ask, c.not_found = False, 0
             key = (c.topic, c.msg_id, c.broker)
             with self._lock:
