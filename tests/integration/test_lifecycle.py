@@ -167,6 +167,16 @@ def test_copy_left_on_a_paused_broker_shares_the_time_and_is_cancelled(cluster):
 
     with Producer(cluster.namesrv) as warm:
         warm.send_batch([Message(topic, b"warm-up", msg_id=f"w{i}") for i in range(8)])
+
+    def routed_brokers() -> set[str]:
+        url = f"http://{cluster.namesrv}{wire.NAMESRV_ROUTE.format(topic=topic)}"
+        resp = httpx.get(url)
+        route = wire.decode(resp.content, wire.TopicRoute, resp.headers["content-type"])
+        return {q.broker_name for q in route.queue_datas}
+
+    # each broker registers the topic after its first message: the producers below must
+    # see both in their first route, or the id's retry has no other broker to go to
+    wait_until(lambda: routed_brokers() == {a.name, b.name}, 10, "both brokers in the route")
     for attempt in range(8):
         p = Producer(cluster.namesrv, send_timeout=2.0, start_detector_enable=False)
         mid = _id_on(p, topic, a.name, f"copy{attempt}")
