@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,6 +20,7 @@ from qclient.errors import (
     NameServerUnavailableError,
     ProducerClosedError,
     RouteNotFoundError,
+    SendTimeoutError,
 )
 from qclient.protocol.wire import (
     MSGPACK,
@@ -114,6 +116,48 @@ def test_retryable_broker_code_isolates_unreachable(mock: respx.MockRouter) -> N
         assert p.send("t", b"x").broker_name == "broker-b"
         f = fault(p, "broker-a")
         assert not f.available and not f.reachable
+
+
+def test_deadline_exceeded_is_a_definite_failure_retried_elsewhere(
+    mock: respx.MockRouter,
+) -> None:
+    """The broker stored nothing (its clock ran ahead past the deadline's margin): the
+    attempt failed for sure, so the retry goes elsewhere and no copy is left to cancel."""
+    mock.routes["send-broker-a"].mock(
+        return_value=error_response(504, "DEADLINE_EXCEEDED", "nothing stored")
+    )
+    with producer() as p:
+        p._info("t")
+        sends_to(p, "broker-a")
+        r = p.send_delayed("t", b"x", delay=30)
+        assert r.broker_name == "broker-b"
+        assert mock.routes["send-broker-a"].call_count == 1
+        assert p.stats()["retried"] >= 1
+        assert p._ambiguous.pending() == 0  # a definite answer: nothing to cancel
+
+
+def test_every_attempt_carries_its_own_deadline(mock: respx.MockRouter) -> None:
+    seen: list[tuple[str, int, float, float]] = []  # broker, deadline, sent at, timeout
+
+    def hung(name: str):  # type: ignore[no-untyped-def]
+        def handler(request: httpx.Request) -> httpx.Response:
+            req = decode(request.content, SendRequest, MSGPACK)
+            assert req.deadline_ms is not None
+            timeout = request.extensions["timeout"]["read"]
+            seen.append((name, req.deadline_ms, time.time() * 1000, timeout))
+            raise httpx.ReadTimeout("hung", request=request)
+
+        return handler
+
+    for name in BROKERS:
+        mock.routes[f"send-{name}"].mock(side_effect=hung(name))
+    with producer(send_timeout=3.0, retry_times=2) as p, pytest.raises(SendTimeoutError):
+        p.send("t", b"x")
+    assert len(seen) == 3
+    for _name, deadline, sent_at, timeout in seen:
+        # the attempt's start plus its timeout: after the request left, not far after
+        assert sent_at < deadline <= sent_at + timeout * 1000 + 1
+    assert seen[0][1] < seen[1][1] < seen[2][1]
 
 
 def test_per_message_retryable_status_retried_with_same_id(mock: respx.MockRouter) -> None:

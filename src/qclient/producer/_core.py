@@ -369,8 +369,15 @@ class ProducerCore:
                 it.queue = q
 
     def _call(self, broker: str, addr: str, chunk: list[Item], timeout: float) -> HttpCall:
-        body = encode(SendRequest(messages=[it.wire for it in chunk]), self.content_type)
-        return HttpCall(broker, addr, BROKER_SEND, body, timeout, chunk)
+        wires = [it.wire for it in chunk]
+        content_type = self.content_type
+
+        def build(deadline_ms: int) -> bytes:
+            # the broker stores nothing of it past the deadline: once the attempt has timed
+            # out here, a late copy there cannot be stored (protocol.deadline)
+            return encode(SendRequest(wires, deadline_ms), content_type)
+
+        return HttpCall(broker, addr, BROKER_SEND, b"", timeout, chunk, build)
 
     def _absorb(
         self,

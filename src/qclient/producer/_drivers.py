@@ -59,7 +59,7 @@ def _call_sync(
     start = time.perf_counter()
     try:
         resp = http.request(
-            "POST", call.addr, call.path, call.body, timeout=call.timeout, on_write=on_write
+            "POST", call.addr, call.path, call.payload(), timeout=call.timeout, on_write=on_write
         )
     except Exception as exc:
         return CallResult(exc=exc, latency_ms=(time.perf_counter() - start) * 1000)
@@ -114,7 +114,8 @@ async def _call_async(http: AsyncHttp | AsyncLeanHttp, call: HttpCall) -> CallRe
     try:
         # a hard cap on the whole exchange, not only per phase as httpx's timeout is
         async with asyncio.timeout(call.timeout + 0.05):
-            resp = await http.request("POST", call.addr, call.path, call.body, timeout=call.timeout)
+            body = call.payload()
+            resp = await http.request("POST", call.addr, call.path, body, timeout=call.timeout)
     except TimeoutError:
         exc: Exception = httpx.TimeoutException(f"no answer within {call.timeout:.3f}s")
         return CallResult(exc=exc, latency_ms=(time.perf_counter() - start) * 1000)

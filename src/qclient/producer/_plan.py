@@ -3,11 +3,12 @@ to make, what came of them, and the plan type itself (see ``_core.py``)."""
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import QClientError
+from ..protocol.deadline import attempt_deadline_ms
 from ..protocol.wire import WireMessage
 from ..routing.publish_info import MessageQueue, TopicPublishInfo
 from ..transport.http import HttpResponse
@@ -52,6 +53,14 @@ class HttpCall:
     body: bytes
     timeout: float
     items: list[Item]
+    #: a send's body, made when the attempt starts (after any wait for a client-side
+    #: slot): it carries the attempt's deadline, ``build(deadline_ms)``; None: ``body``
+    build: Callable[[int], bytes] | None = None
+
+    def payload(self) -> bytes:
+        """The body to send now (see ``build``)."""
+        build = self.build
+        return self.body if build is None else build(attempt_deadline_ms(self.timeout))
 
 
 @dataclass(slots=True)

@@ -86,6 +86,9 @@ class ErrorCode:
     STORE_ERROR = "STORE_ERROR"  # the store could not make the message durable
     DISK_FULL = "DISK_FULL"  # the broker's data directory is (nearly) out of space
     SHUTTING_DOWN = "SHUTTING_DOWN"
+    #: the request's ``deadline_ms`` passed before it was stored: its sender no longer
+    #: waits for it; a definite answer, nothing of the request was stored
+    DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
     UNAUTHORIZED = "UNAUTHORIZED"  # missing / wrong / expired / replayed signature
     FORBIDDEN = "FORBIDDEN"  # signed, but the account may not use the topic
     INTERNAL = "INTERNAL"
@@ -102,6 +105,7 @@ RETRYABLE_CODES = frozenset(
         ErrorCode.SHUTTING_DOWN,
         ErrorCode.TOPIC_NOT_FOUND,  # stale route: the topic lives on other brokers
         ErrorCode.INTERNAL,
+        ErrorCode.DEADLINE_EXCEEDED,  # this attempt came too late here; nothing stored
     }
 )
 
@@ -214,6 +218,9 @@ class WireMessage(_Base):
 
 class SendRequest(_Base):
     messages: list[WireMessage]
+    #: wall-clock Unix ms after which the sender no longer waits for this attempt's answer;
+    #: the broker then stores nothing of it (``protocol.deadline``). None: no deadline
+    deadline_ms: int | None = None
 
 
 class MessageResult(_Base):

@@ -15,6 +15,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from ...protocol import wire
+from ...protocol.deadline import refuse_after_ms
 from ...protocol.wire import ErrorCode
 from .._http import (
     ApiError,
@@ -29,6 +30,7 @@ from .._http import (
 from .._serve import serve
 from ..metrics import BrokerCollector, metrics_handler, request_metrics_middleware
 from ..store import (
+    DeadlineExceededError,
     DelayStore,
     DiskFullError,
     InvalidRecordError,
@@ -166,6 +168,18 @@ class Broker:
                 f"{count} messages in one request, the limit is {self.config.max_batch_messages}",
             )
         now = wall_clock_ms()
+        deadline = body.deadline_ms
+        refuse_after = None
+        if deadline is not None:
+            refuse_after = refuse_after_ms(deadline)
+            if now > refuse_after:
+                self.counters["deadline_refusals"] += 1
+                raise ApiError(
+                    504,
+                    ErrorCode.DEADLINE_EXCEEDED,
+                    f"the sender's deadline had passed {now - deadline} ms ago when the "
+                    f"request was read; nothing stored",
+                )
         if count == 1:  # the one-call path: the row checker itself is the cheaper check
             m = msgs[0]
             topic_names = {m.topic: None}
@@ -228,14 +242,18 @@ class Broker:
                 topics = topic_names if index is None else None
                 # the last request of its loop iteration: nothing could join its group
                 alone = not request.app.pending_handlers
-                now_stored = self.committer.store_now(to_store, topics) if alone else None
+                committer = self.committer
+                now_stored = committer.store_now(to_store, topics, refuse_after) if alone else None
                 stored = (
                     now_stored
                     if now_stored is not None
-                    else await self.committer.submit(to_store, topics)
+                    else await committer.submit(to_store, topics, refuse_after)
                 )
             except StoreBusyError as exc:
                 raise ApiError(503, ErrorCode.BROKER_BUSY, f"broker busy: {exc}") from None
+            except DeadlineExceededError as exc:
+                self.counters["deadline_refusals"] += 1
+                raise ApiError(504, ErrorCode.DEADLINE_EXCEEDED, f"{exc}; nothing stored") from None
             except DiskFullError as exc:
                 raise ApiError(507, ErrorCode.DISK_FULL, f"disk full: {exc}") from None
             except InvalidRecordError as exc:  # bad input, not a store failure

@@ -50,7 +50,10 @@ class LoopCommitter:
         self._on_thread = 0  # requests handed to the committer thread, not yet answered
 
     def store_now(
-        self, msgs: list[NewMessage], topics: Iterable[str] | None = None
+        self,
+        msgs: list[NewMessage],
+        topics: Iterable[str] | None = None,
+        refuse_after_ms: int | None = None,
     ) -> list[StoreResult] | None:
         """For a caller that knows no other request waits to be handled in this loop
         iteration: a small submit with no group forming is committed at once and its
@@ -58,12 +61,21 @@ class LoopCommitter:
         ``DelayStore.store_now`` raises."""
         if self._waiting or self._on_thread or len(msgs) > self._inline_max:
             return None
-        return self._store.store_now(msgs, validated=True, topics=topics)
+        return self._store.store_now(
+            msgs, validated=True, topics=topics, refuse_after_ms=refuse_after_ms
+        )
 
-    def submit(self, msgs: list[NewMessage], topics: Iterable[str] | None = None) -> _Waiter:
+    def submit(
+        self,
+        msgs: list[NewMessage],
+        topics: Iterable[str] | None = None,
+        refuse_after_ms: int | None = None,
+    ) -> _Waiter:
         """Queue validated messages (see ``DelayStore.submit``); the future completes when
         they are durable. Raises what ``DelayStore.submit`` raises."""
-        done = self._store.submit(msgs, validated=True, topics=topics, defer=True)
+        done = self._store.submit(
+            msgs, validated=True, topics=topics, defer=True, refuse_after_ms=refuse_after_ms
+        )
         fut: _Waiter = self._loop.create_future()
         if done.done():  # nothing to write (every message a duplicate)
             _copy(done, fut)

@@ -3,6 +3,7 @@
 from qclient.server.store.store import DelayStore, wall_clock_ms
 from qclient.server.store.types import (
     CancelOutcome,
+    DeadlineExceededError,
     DiskFullError,
     FiredMessage,
     InvalidRecordError,
@@ -17,6 +18,7 @@ from qclient.server.store.types import (
 
 __all__ = [
     "CancelOutcome",
+    "DeadlineExceededError",
     "DelayStore",
     "DiskFullError",
     "FiredMessage",

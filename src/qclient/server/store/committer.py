@@ -27,6 +27,7 @@ from qclient.server.store._shared import LOCK_CHUNK, Shared
 from qclient.server.store.replay import Replayer
 from qclient.server.store.types import (
     CancelOutcome,
+    DeadlineExceededError,
     DiskFullError,
     NewMessage,
     StoreBusyError,
@@ -63,7 +64,7 @@ class Entry(msgspec.Struct, eq=False):
 class Batch:
     """One submit() (or cancel) call: its future and how to build its results."""
 
-    __slots__ = ("cancel", "deps", "entries", "fut", "nbytes", "results")
+    __slots__ = ("cancel", "deps", "entries", "fut", "nbytes", "refuse_after", "results")
 
     def __init__(self, n: int, *, cancel: bool = False):
         self.fut: Future[object] = Future()
@@ -75,6 +76,8 @@ class Batch:
         self.deps: list[tuple[int, Entry]] = []  # duplicates of in-flight entries
         self.cancel = cancel
         self.nbytes = 0  # encoded bytes counted in the committer's pending bytes
+        #: the store's clock time (ms) after which none of its records may be written
+        self.refuse_after: int | None = None
 
     def done(self) -> bool:
         return self.fut.done()
@@ -149,20 +152,29 @@ class Committer:
         self._max_pending_bytes = sh.config.max_pending_bytes
 
     def submit(
-        self, msgs: list[NewMessage], datas: list[bytes], *, defer: bool = False
+        self,
+        msgs: list[NewMessage],
+        datas: list[bytes],
+        *,
+        defer: bool = False,
+        refuse_after_ms: int | None = None,
     ) -> Future[list[StoreResult]]:
         """Queue the encoded records ``datas`` of ``msgs``, answering duplicates (in flight
         or in the dedupe table) with the original's result. ``defer``: do not wake the
         committer thread; the caller commits soon (:meth:`commit_pending`) or wakes it
-        (:meth:`wake`)."""
+        (:meth:`wake`). ``refuse_after_ms``: see ``DelayStore.submit``."""
         batch = Batch(len(msgs))
+        batch.refuse_after = refuse_after_ms
         self._queue_batch(batch, msgs, datas, defer)
         return batch.fut  # type: ignore[return-value]
 
-    def store_now(self, msgs: list[NewMessage], datas: list[bytes]) -> list[StoreResult]:
+    def store_now(
+        self, msgs: list[NewMessage], datas: list[bytes], refuse_after_ms: int | None = None
+    ) -> list[StoreResult]:
         """:meth:`submit` and :meth:`commit_pending` on the calling thread in one: the
         results once durable; raises what submit raises, or the group's error."""
         batch = NowBatch(len(msgs))
+        batch.refuse_after = refuse_after_ms
         self._queue_batch(batch, msgs, datas, True)
         if not batch.done():
             self.commit_pending()
@@ -284,8 +296,45 @@ class Committer:
             if not b.done():
                 b.complete()
 
+    def _expire(self, group: list[Batch]) -> list[Batch]:
+        """The group without its batches whose ``refuse_after`` has passed (checked right
+        before the append: they were queued behind a stall and their senders gave up on
+        them); those fail with DeadlineExceededError, none of their records written.
+        A duplicate waiting on one of their records fails with it (it was not stored
+        either)."""
+        now = self._sh.clock()
+        keep: list[Batch] = []
+        late: list[tuple[Batch, int]] = []
+        for b in group:
+            t = b.refuse_after
+            if t is not None and now > t:
+                late.append((b, now - t))
+            else:
+                keep.append(b)
+        if not late:
+            return group
+        with self._sh.submit_lock:
+            for b, past in late:
+                err = DeadlineExceededError(
+                    f"the sender's deadline had passed {past} ms ago (with its clock skew "
+                    "allowance) when the request's turn to be written came"
+                )
+                for e in b.entries:
+                    e.error = err
+                    if self._inflight.get(e.msg_id) is e:
+                        del self._inflight[e.msg_id]
+                self.pending -= len(b.entries)
+                self.pending_bytes -= b.nbytes
+                b.nbytes = 0
+                self._sh.stats["deadline_refusals"] += 1
+        for b, _ in late:
+            if not b.done():
+                b.complete()
+        return keep
+
     def _commit(self, group: list[Batch]) -> None:
         sh = self._sh
+        group = self._expire(group)
         mlog = sh.files.mlog
         stats = sh.stats
         entries = [e for b in group for e in b.entries]

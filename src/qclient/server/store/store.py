@@ -60,6 +60,7 @@ _STATS_ZERO = (
     "loaded_buckets",
     "consume_fsyncs",
     "busy_rejections",
+    "deadline_refusals",
     "corrupt_records",
 )
 
@@ -230,6 +231,7 @@ class DelayStore:
         validated: bool = False,
         topics: Iterable[str] | None = None,
         defer: bool = False,
+        refuse_after_ms: int | None = None,
     ) -> Future[list[StoreResult]]:
         """Store messages; the future completes once they are durable.
 
@@ -240,11 +242,13 @@ class DelayStore:
         when the caller has collected them already (exactly those, no others). Raises
         InvalidRecordError (nothing of the call is stored), StoreBusyError, StoreError.
         ``defer``: queue without waking the committer thread; the caller then calls
-        :meth:`commit_pending` (or :meth:`wake_committer`) soon.
+        :meth:`commit_pending` (or :meth:`wake_committer`) soon. ``refuse_after_ms``: the
+        store's clock time (ms) after which nothing of the call may be written; a group
+        commit starting later fails it with DeadlineExceededError, storing none of it.
         """
         self._check_open()
         datas = self._intake.encode(msgs, self._clock(), validated=validated, topics=topics)
-        return self._committer.submit(msgs, datas, defer=defer)
+        return self._committer.submit(msgs, datas, defer=defer, refuse_after_ms=refuse_after_ms)
 
     def commit_pending(self) -> None:
         """Commit what is queued as one group on the calling thread (blocks for its write
@@ -257,12 +261,13 @@ class DelayStore:
         *,
         validated: bool = False,
         topics: Iterable[str] | None = None,
+        refuse_after_ms: int | None = None,
     ) -> list[StoreResult]:
         """``submit(defer=True)`` then :meth:`commit_pending`, returning the results once
         durable (no future is made); raises what submit raises, or the group's error."""
         self._check_open()
         datas = self._intake.encode(msgs, self._clock(), validated=validated, topics=topics)
-        return self._committer.store_now(msgs, datas)
+        return self._committer.store_now(msgs, datas, refuse_after_ms)
 
     def wake_committer(self) -> None:
         """Hand what ``submit(defer=True)`` queued to the committer thread."""

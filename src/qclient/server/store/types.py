@@ -119,6 +119,11 @@ class DiskFullError(StoreError):
     nothing of the failed group is kept. Retry later or elsewhere."""
 
 
+class DeadlineExceededError(StoreError):
+    """A submit's ``refuse_after_ms`` passed before its records were written (it was
+    queued behind a stall); nothing of it is stored."""
+
+
 class StoreBusyError(StoreError):
     """Too many messages pending the group commit; retry later (back-pressure)."""
 
