@@ -135,6 +135,10 @@ class TopicConfig(_Base):
     read_queue_nums: int = 4
     write_queue_nums: int = 4
     perm: int = PERM_READ_WRITE
+    #: True when the broker created the topic on a first send, False when it was asked to
+    #: (``POST /v1/topics``): only a young auto-created topic's route lists the auto-create
+    #: brokers that have not registered it yet
+    auto_created: bool = False
 
 
 class BrokerRegistration(_Base):
@@ -179,9 +183,11 @@ class TopicRoute(_Base):
     #: True when the topic does not exist yet and the route lists the brokers that
     #: will create it on first send (RocketMQ's TBW102 default route).
     auto_create: bool = False
-    #: True while the name server is younger than its broker expiry: brokers registered
-    #: before it started may not have registered again yet, so a broker missing here may
-    #: still be alive (clients keep the brokers of their last route meanwhile)
+    #: True when a broker missing here may still serve the topic soon, so clients keep the
+    #: brokers of their last route meanwhile and ask again soon: while the name server is
+    #: younger than its broker expiry (brokers registered before it started may not have
+    #: registered again yet), and while the topic is young (the route then also lists the
+    #: auto-create brokers that have not registered it yet)
     partial: bool = False
 
 

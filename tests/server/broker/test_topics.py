@@ -27,3 +27,13 @@ def test_invalid_names_in_the_file_are_skipped(tmp_path: Path) -> None:
     one = {"read_queue_nums": 1, "write_queue_nums": 1, "perm": 6}
     path.write_text(json.dumps({"ok": one, "../x": one}))
     assert list(TopicRegistry(path).all()) == ["ok"]
+
+
+def test_auto_created_is_persisted_and_an_explicit_put_clears_it(tmp_path: Path) -> None:
+    path = tmp_path / "topics.json"
+    r = TopicRegistry(path)
+    cfg, _ = r.put("t", 4, wire.PERM_READ_WRITE, auto_created=True)
+    assert cfg.auto_created
+    assert TopicRegistry(path).all() == {"t": cfg}
+    _, changed = r.put("t", 4, wire.PERM_READ_WRITE)  # asked for: held on purpose from now
+    assert changed and not TopicRegistry(path).all()["t"].auto_created

@@ -131,7 +131,7 @@ class Broker:
         cfg = self.topics.get(topic)
         if cfg is None and self.config.auto_create_topics and not self.config.read_only:
             cfg, changed = self.topics.put(
-                topic, self.config.default_queue_nums, wire.PERM_READ_WRITE
+                topic, self.config.default_queue_nums, wire.PERM_READ_WRITE, auto_created=True
             )
             if changed and self.heartbeat is not None:
                 self.heartbeat.kick()

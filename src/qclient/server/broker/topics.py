@@ -30,9 +30,14 @@ class TopicRegistry:
     def all(self) -> dict[str, wire.TopicConfig]:
         return dict(self._topics)
 
-    def put(self, topic: str, queues: int, perm: int) -> tuple[wire.TopicConfig, bool]:
-        """Create or update a topic; returns (config, changed)."""
-        cfg = wire.TopicConfig(read_queue_nums=queues, write_queue_nums=queues, perm=perm)
+    def put(
+        self, topic: str, queues: int, perm: int, *, auto_created: bool = False
+    ) -> tuple[wire.TopicConfig, bool]:
+        """Create or update a topic; returns (config, changed). ``auto_created``: made by a
+        first send rather than asked for (an explicit put makes an auto-created topic explicit)."""
+        cfg = wire.TopicConfig(
+            read_queue_nums=queues, write_queue_nums=queues, perm=perm, auto_created=auto_created
+        )
         with self._lock:
             if self._topics.get(topic) == cfg:
                 return cfg, False
@@ -47,6 +52,7 @@ class TopicRegistry:
                 "read_queue_nums": c.read_queue_nums,
                 "write_queue_nums": c.write_queue_nums,
                 "perm": c.perm,
+                **({"auto_created": True} if c.auto_created else {}),
             }
             for n, c in self._topics.items()
         }
