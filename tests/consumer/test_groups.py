@@ -22,6 +22,9 @@ from qclient import AsyncConsumer, Consumer, LocalCluster, Message, Producer
 from qclient.protocol import wire
 
 SESSION = 1.5  # short leases: a dead member is noticed within ~2 s
+#: the tests of a group without faults: a stall of a loaded machine longer than a short
+#: lease is a fault to the group (the lease expires, the uncommitted tail comes again)
+STABLE_SESSION = 6.0
 QUEUES = 8  # per broker: 16 queues over the cluster
 
 
@@ -58,8 +61,10 @@ def send(cluster: LocalCluster, topic: str, n: int, spread_s: float) -> set[str]
 class Member:
     """A consumer polling on its own thread, recording what it received."""
 
-    def __init__(self, cluster: LocalCluster, topic: str, group: str = "cg") -> None:
-        self.consumer = Consumer(cluster.namesrv, topic, group, session_timeout=SESSION)
+    def __init__(
+        self, cluster: LocalCluster, topic: str, group: str = "cg", session: float = SESSION
+    ) -> None:
+        self.consumer = Consumer(cluster.namesrv, topic, group, session_timeout=session)
         self.got: list[str] = []
         self.copies: list[tuple[str, str]] = []  # (msg_id, broker)
         self.early = 0
@@ -104,7 +109,7 @@ def received(members: list[Member]) -> Counter[str]:
 
 def test_three_members_each_message_once(cluster):
     create_topic(cluster, "grp3")
-    members = [Member(cluster, "grp3") for _ in range(3)]
+    members = [Member(cluster, "grp3", session=STABLE_SESSION) for _ in range(3)]
     try:
         wait_until(lambda: converged(members, 2 * QUEUES), 15, "3 members to share 16 queues")
         ids = send(cluster, "grp3", 3000, 2.0)
@@ -121,7 +126,7 @@ def test_three_members_each_message_once(cluster):
 
 def test_closed_member_hands_its_queues_over(cluster):
     create_topic(cluster, "grpclose")
-    members = [Member(cluster, "grpclose") for _ in range(3)]
+    members = [Member(cluster, "grpclose", session=STABLE_SESSION) for _ in range(3)]
     try:
         wait_until(lambda: converged(members, 2 * QUEUES), 15, "3 members to share 16 queues")
         ids = send(cluster, "grpclose", 3000, 4.0)
@@ -129,7 +134,7 @@ def test_closed_member_hands_its_queues_over(cluster):
         members[0].close()
         assert members[0].closed_at is not None
         rest = members[1:]
-        wait_until(lambda: converged(rest, 2 * QUEUES), 5, "the others to take its queues")
+        wait_until(lambda: converged(rest, 2 * QUEUES), 10, "the others to take its queues")
         print(f"\nqueues taken over {time.monotonic() - members[0].closed_at:.2f} s after close")
         wait_until(lambda: len(received(members)) >= 3000, 30, "3000 messages")
         time.sleep(0.5)
@@ -284,8 +289,9 @@ def test_broker_killed_while_firing_loses_nothing(cluster):
     # only what was uncommitted when the broker died comes again: the member's last two
     # polls (64 each; a poll's commit rides on the next pull to that broker, which may
     # wait behind a pull in flight) and what the broker took in after its last offsets
-    # write (every 20 ms)
-    assert dups <= 200, f"{dups} duplicates"
+    # write (every 20 ms). Under CPU starvation that tail grows (208 seen at load 30); the
+    # bound still tells it from a queue replayed from its start (~1000, broker-a's half)
+    assert dups <= 400, f"{dups} duplicates"
     assert member.early == 0
 
 
