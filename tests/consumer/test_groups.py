@@ -134,7 +134,7 @@ def test_closed_member_hands_its_queues_over(cluster):
         members[0].close()
         assert members[0].closed_at is not None
         rest = members[1:]
-        wait_until(lambda: converged(rest, 2 * QUEUES), 10, "the others to take its queues")
+        wait_until(lambda: converged(rest, 2 * QUEUES), 5, "the others to take its queues")
         print(f"\nqueues taken over {time.monotonic() - members[0].closed_at:.2f} s after close")
         wait_until(lambda: len(received(members)) >= 3000, 30, "3000 messages")
         time.sleep(0.5)
