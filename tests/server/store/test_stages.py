@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -82,9 +85,6 @@ def test_wheel_loading_state_is_driven_by_its_methods() -> None:
     assert w.is_loaded(2) and not w.is_loaded(3)
     assert w.start_load(5) == 3
     assert w.is_loading(3) and w.is_loaded(3)  # being loaded counts as loaded
-    w.abort_load(3)
-    assert not w.is_loaded(3) and w.earliest_unloaded() == 3
-    assert w.start_load(5) == 3
     w.finish_load(3)
     assert w.is_loaded(3) and not w.is_loading(3)
     assert w.start_load(5) is None
@@ -163,6 +163,64 @@ def test_loader_loads_due_buckets_minus_fired_and_cancelled(stages: Stages) -> N
     more = stages.append(("d", at + 3))
     stages.replayer.replay(more, stages.files.mlog.end)
     assert stages.sh.wheel.next_due() == at + 3
+
+
+class _FailOnce:
+    """Wraps a file method: the first call runs ``meanwhile`` and then raises OSError."""
+
+    def __init__(self, real: Any, meanwhile: Callable[[], None]):
+        self.real, self.meanwhile, self.calls = real, meanwhile, 0
+
+    def __call__(self, *args: Any) -> Any:
+        self.calls += 1
+        if self.calls == 1:
+            self.meanwhile()
+            raise OSError(errno.EIO, "injected read error")
+        return self.real(*args)
+
+
+@pytest.mark.parametrize("failing", ["slog.entries", "dlog.positions"])
+def test_a_failed_load_resumes_and_fires_each_position_once(
+    stages: Stages, monkeypatch: pytest.MonkeyPatch, failing: str
+) -> None:
+    """The interleaving that fired one stored message twice: the loader's read of a
+    bucket fails while the committer replays a message into it (the bucket counts as
+    loaded, so the message goes straight into the wheel); the message fires and, before
+    the syncer dispatches it, the load is retried. A retry that re-read the file with a
+    new cursor pushed the message again, and after the dispatch it fired a second time."""
+    w, sh = stages.sh.wheel, stages.sh
+    at = NOW + 100
+    b = at // BUCKET
+    early = stages.append(("early", at))  # in the file before the load starts
+    stages.replayer.replay(early, stages.files.mlog.end)
+    late: list[tuple[int, int, int, int, int]] = []
+
+    def replay_during_load() -> None:
+        late.extend(stages.append(("late", at + 1)))
+        stages.replayer.replay(late, stages.files.mlog.end)
+
+    kind, name = failing.split(".")
+    part = getattr(stages.files, kind)
+    monkeypatch.setattr(part, name, _FailOnce(getattr(part, name), replay_during_load))
+    with pytest.raises(OSError, match="injected"):
+        stages.loader.step()
+    assert len(w.heap) == 1  # "late" went straight into the wheel
+    stages.now = at + 1
+    fired: list[int] = []
+    with sh.sched:
+        first = w.pop_due(stages.now, 10)  # "late" fires; its dispatch is not written yet
+    assert [pos for _, pos, _ in first] == [late[0][0]]
+    fired += [pos for _, pos, _ in first]
+    assert stages.loader.step()  # the retry
+    assert not w.is_loading(b) and w.is_loaded(b)
+    stages.files.dlog.add(b, fired)  # the syncer dispatches "late"
+    with sh.sched:
+        w.dispatched(b, fired)
+        second = w.pop_due(stages.now, 10)
+    fired += [pos for _, pos, _ in second]
+    assert sorted(fired) == sorted([early[0][0], late[0][0]])  # each position once
+    assert w.heap == [] and w.state[b].outstanding == 1  # "early" is firing
+    assert sh.stats["loaded_buckets"] == 1
 
 
 # ---------------------------------------------------------------- checkpoint + retention

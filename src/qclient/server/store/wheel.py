@@ -13,10 +13,16 @@ cursor; it then reads ``[0, cursor)`` without the lock and merges under the lock
 appended after the cursor were pushed by the replayer, entries before it are read by the
 loader: none is lost and none is loaded twice.
 
+The rule: **a position is in the wheel at most once**, and a popped one is not pushed
+again until its firing failed (:meth:`Wheel.unfire`). ``pop_due`` skips a copy only while
+the first is firing; once the syncer has dispatched it, a second copy would fire the
+message again. So a bucket is loaded once: a load that fails part-way keeps the bucket
+loading with its cursor and is resumed, never restarted with a new cursor (which would
+read the entries the replayer pushed meanwhile a second time).
+
 The loading state (``loaded_upto``, ``loading``, the extra loaded buckets) is the
-wheel's own: the loader drives it through :meth:`Wheel.start_load`,
-:meth:`Wheel.finish_load` and :meth:`Wheel.abort_load`, everyone else asks
-:meth:`Wheel.is_loaded`.
+wheel's own: the loader drives it through :meth:`Wheel.start_load` and
+:meth:`Wheel.finish_load`, everyone else asks :meth:`Wheel.is_loaded`.
 
 Every method must be called with the scheduler lock held.
 """
@@ -85,11 +91,6 @@ class Wheel:
         """The loader has merged bucket ``b``'s file: it stays loaded."""
         self._loaded_extra.add(b)
         self._loading = None
-
-    def abort_load(self, b: int) -> None:
-        """Reading bucket ``b`` failed: it waits to be loaded again."""
-        self._loading = None
-        self.add_unloaded(b)
 
     def note_entries(self, b: int, entries: list[tuple[int, int, int, int]], cancel: int) -> None:
         """Take the cancels and the highest position of bucket ``b``'s schedule entries
