@@ -50,8 +50,10 @@ def create_topic(cluster: LocalCluster, topic: str) -> None:
 
 
 def send(cluster: LocalCluster, topic: str, n: int, spread_s: float) -> set[str]:
-    """``n`` messages due from 0.5 s on, evenly over ``spread_s`` seconds."""
-    with Producer(cluster.namesrv) as p:
+    """``n`` messages due from 0.5 s on, evenly over ``spread_s`` seconds; attempts long
+    enough that a loaded machine does not time one out (a retried batch may leave a copy on
+    each broker: a producer's duplicate, not what these tests are about)."""
+    with Producer(cluster.namesrv, send_timeout=15.0) as p:
         results = p.send_batch(
             [Message(topic, b"m%d" % i, delay=0.5 + spread_s * i / n) for i in range(n)]
         )
