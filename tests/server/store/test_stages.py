@@ -15,12 +15,15 @@ from qclient.server.store import record as rec
 from qclient.server.store._shared import Shared
 from qclient.server.store.checkpoint import Checkpoint
 from qclient.server.store.committer import Committer
+from qclient.server.store.consume_log import ConsumeQueue
 from qclient.server.store.dedupe import DedupeTable, id_hash
 from qclient.server.store.files import StoreFiles
+from qclient.server.store.firing import Firing
 from qclient.server.store.intake import Intake
 from qclient.server.store.loader import Loader
 from qclient.server.store.replay import Replayer
 from qclient.server.store.retention import Retention
+from qclient.server.store.syncer import Syncer
 from qclient.server.store.types import (
     InvalidRecordError,
     NewMessage,
@@ -221,6 +224,45 @@ def test_a_failed_load_resumes_and_fires_each_position_once(
     assert sorted(fired) == sorted([early[0][0], late[0][0]])  # each position once
     assert w.heap == [] and w.state[b].outstanding == 1  # "early" is firing
     assert sh.stats["loaded_buckets"] == 1
+
+
+def test_a_failed_consume_append_retries_only_the_copies_not_appended(
+    stages: Stages, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A firing step over two queues whose second append fails (disk full): the first
+    queue's copy is delivered and must not fire again when the step is retried."""
+    at = NOW + 100
+    datas = [
+        rec.encode(rec.KIND_MESSAGE, mid, "t", b"x", queue_id=q, received_ms=NOW, deliver_at_ms=at)
+        for mid, q in (("a", 0), ("b", 1))
+    ]
+    positions = stages.files.mlog.append(datas)
+    items = [(p, len(d), rec.KIND_MESSAGE, at, 0) for p, d in zip(positions, datas, strict=True)]
+    stages.replayer.replay(items, stages.files.mlog.end)
+    assert stages.loader.step()
+    syncer = Syncer(stages.sh, stages.checkpoint, stages.retention)
+    firing = Firing(stages.sh, syncer)
+    real_append = ConsumeQueue.append
+    failed: list[int] = []
+
+    def append(q: ConsumeQueue, fired: Any) -> int:
+        if q.queue_id == 1 and not failed:
+            failed.append(1)
+            raise OSError(errno.ENOSPC, "injected: no space")
+        return real_append(q, fired)
+
+    monkeypatch.setattr(ConsumeQueue, "append", append)
+    stages.now = at
+    firing._step()  # "a" is appended, "b" fails
+    assert failed and stages.sh.stats["fire_errors"] == 1
+    firing._step()  # the retry
+    consume = stages.files.consume
+    got = {q: [m.msg_id for m in consume.get("t", q, create=False).read(0, 10)] for q in (0, 1)}
+    assert got == {0: ["a"], 1: ["b"]}
+    assert stages.sh.stats["fired"] == 2
+    syncer._sync_fired(syncer._work)  # both dispatched: nothing left firing
+    assert stages.files.dlog.positions(at // BUCKET) == set(positions)
+    assert not stages.sh.wheel.firing
 
 
 # ---------------------------------------------------------------- checkpoint + retention

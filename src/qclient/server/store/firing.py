@@ -13,6 +13,7 @@ from collections.abc import Callable
 from qclient.server.store import record as rec
 from qclient.server.store._files import check_name
 from qclient.server.store._shared import MAX_WAIT_S, Shared
+from qclient.server.store.consume_log import ConsumeQueue
 from qclient.server.store.id_index import record_key
 from qclient.server.store.syncer import Syncer
 
@@ -59,6 +60,10 @@ class Firing:
         self._sh = sh
         self._syncer = syncer
         self._stop = False
+        # positions of the failed step not in any consume log: the only ones retried (a
+        # copy already appended was delivered; firing it again would deliver it twice);
+        # None: nothing was appended
+        self._unsent: set[int] | None = None
         self.lateness: collections.deque[int] = collections.deque(maxlen=_LATENESS_KEPT)
 
     def stop(self) -> None:
@@ -100,13 +105,16 @@ class Firing:
                     timeout = min(MAX_WAIT_S, (nxt - now - into_ms) / 1000)
                 if timeout > 0:
                     sh.fire_cv.wait(timeout)
+        self._unsent = None
         try:
             self._fire(due, now)
         except Exception:
-            log.exception("firing %d messages failed; they will be retried", len(due))
+            unsent = self._unsent
+            retry = due if unsent is None else [e for e in due if e[1] in unsent]
+            log.exception("firing %d messages failed; %d will be retried", len(due), len(retry))
             sh.stats["fire_errors"] += 1
             with sh.sched:
-                for d, pos, size in due:
+                for d, pos, size in retry:
                     w.unfire(d, pos, size)
             time.sleep(0.1)
 
@@ -139,11 +147,36 @@ class Firing:
         sh.lateness.observe_many(late)
         queues = []
         consume = sh.files.consume
-        for (topic, qid), items in by_q.items():
-            q = consume.get(topic, qid, create=True)
-            assert q is not None
-            q.append(items)
-            queues.append(q)
+        try:
+            for (topic, qid), items in by_q.items():
+                q = consume.get(topic, qid, create=True)
+                assert q is not None
+                q.append(items)  # all or nothing (cut back on failure)
+                queues.append(q)
+        except BaseException:
+            if queues:  # some queues have their copies: those are fired, the rest retried
+                done = set(list(by_q)[: len(queues)])  # appended in by_q's order
+                self._unsent = {pos for k, v in by_q.items() if k not in done for _, pos, _ in v}
+                by_q = {k: v for k, v in by_q.items() if k in done}
+                dispatch = collections.defaultdict(list)
+                for d, pos, _size in due:
+                    if pos not in self._unsent:
+                        dispatch[d // bucket_ms].append(pos)
+                self._delivered(queues, by_q, dispatch)
+            raise
+        self._unsent = set()
+        self._delivered(queues, by_q, dispatch)
+
+    def _delivered(
+        self,
+        queues: list[ConsumeQueue],
+        by_q: dict[tuple[str, int], list[tuple[bytes, int, int]]],
+        dispatch: dict[int, list[int]],
+    ) -> None:
+        """Copies appended to the consume logs ``queues``: count them, index their fired
+        time, make them visible (with ``visible_before_sync``) and hand them to the syncer
+        (``dispatch``: every position they settle, dropped corrupt entries included)."""
+        sh = self._sh
         sh.stats["fired"] += sum(len(v) for v in by_q.values())
         ids = sh.files.ids
         if ids is not None:
