@@ -44,6 +44,10 @@ __all__ = ["AmbiguousCopies", "is_ambiguous"]
 log = logging.getLogger(__name__)
 
 _RETRY_S = 0.5  # between rounds of cancels
+#: a broker that did not answer is asked again this soon: a copy due shortly after it is
+#: back is cancelled in time (a refused connection costs little; a hung broker's worker
+#: is still waiting for its answer, and answers as it resumes)
+_DOWN_RETRY_S = 0.1
 _NOT_FOUND_ASKS = 4  # "not found" answers, _RETRY_S apart, before a copy is dropped
 #: the same for the id's own broker after a re-send elsewhere: a copy there was stored
 #: before the outage (found at once); a late request there is its sender's ambiguous copy
@@ -176,16 +180,19 @@ class AmbiguousCopies:
 
     def _run(self) -> None:
         while not self._closed:
+            wait = _RETRY_S
             try:
-                self._round()
+                wait = self._round()
             except Exception:  # a bug here must not stop later rounds
                 log.exception("cancelling extra copies failed")
-            self._wake.wait(_RETRY_S)
+            self._wake.wait(wait)
             self._wake.clear()
 
-    def _round(self) -> None:
+    def _round(self) -> float:
         """Start a worker for each broker with pending copies that has none running and
-        did not fail within ``_RETRY_S`` (a hung broker holds up only its own copies)."""
+        did not fail within ``_DOWN_RETRY_S`` (a hung broker holds up only its own
+        copies); returns the wait before the next round (shorter while a broker with
+        pending copies does not answer)."""
         now = time.monotonic()
         now_ms = self._clock_ms()
         by_broker: dict[str, list[_Copy]] = {}
@@ -202,13 +209,16 @@ class AmbiguousCopies:
             todo = [
                 (b, cs)
                 for b, cs in by_broker.items()
-                if b not in self._busy and now - self._failed_at.get(b, -_RETRY_S) >= _RETRY_S
+                if b not in self._busy
+                and now - self._failed_at.get(b, -_DOWN_RETRY_S) >= _DOWN_RETRY_S
             ]
             self._busy.update(b for b, _ in todo)
+            down = any(b in self._failed_at for b in by_broker)
         for b, cs in todo:
             threading.Thread(
                 target=self._broker_round, args=(b, cs), name=f"qclient-ambiguous-{b}", daemon=True
             ).start()
+        return _DOWN_RETRY_S if down else _RETRY_S
 
     def _broker_round(self, broker: str, copies: list[_Copy]) -> None:
         """Settle one broker's copies, the soonest due first, on up to ``_PARALLEL``
@@ -233,7 +243,9 @@ class AmbiguousCopies:
                 for t in threads:
                     t.join()
                 ok = all(oks)
-            if not ok:
+            if ok:
+                self._failed_at.pop(broker, None)
+            else:
                 self._failed_at[broker] = time.monotonic()
         except Exception:  # a bug here must not stop later rounds
             log.exception("cancelling extra copies on %s failed", broker)
