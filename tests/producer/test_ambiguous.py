@@ -141,6 +141,55 @@ def test_id_broker_is_asked_again_shortly_before_the_copy_is_due() -> None:
         copies.close()
 
 
+def test_id_broker_asked_as_an_ambiguous_attempts_broker_still_gets_the_late_ask() -> None:
+    """The id's own broker timed out (an ambiguous attempt) and a stand-in acknowledged:
+    one copy to ask about, owed both the ambiguous asks and the id's late ask (a re-send
+    may reach that broker after it answered "not found")."""
+    now = [time.time() * 1000]
+    answers = iter([None, None, None, None, "scheduled"])
+    cancels: list[str] = []
+
+    def lookup(topic: str, msg_id: str, broker: str) -> str | None:
+        return "scheduled" if broker == "b" else next(answers)
+
+    copies = AmbiguousCopies(
+        lambda r: cancels.append(r.broker_name) is None, lookup, clock_ms=lambda: now[0]
+    )
+    try:
+        copies.note(_result("b", now[0] + 60_000), ("a",), away_from=("a",))
+        wait_until(lambda: not copies.pending(), 10, "the four asks")
+        assert cancels == [] and copies.counts["not_found"] == 0
+        now[0] += 58_500  # 1.5 s before it is due
+        wait_until(lambda: copies.counts["cancelled"] == 1, 5, "the late ask and cancel")
+        assert cancels == ["a"] and copies.counts["asked_late"] == 1
+    finally:
+        copies.close()
+
+
+def test_id_broker_of_a_copy_due_soon_is_asked_again_two_rounds_on() -> None:
+    """Due sooner than the late ask's lead: the id's own broker is still asked once more,
+    two rounds after its "not found", when that is at least a round before it is due."""
+    now = [time.time() * 1000]
+    answers = iter([None, "scheduled"])
+    cancels: list[str] = []
+
+    def lookup(topic: str, msg_id: str, broker: str) -> str | None:
+        return "scheduled" if broker == "b" else next(answers)
+
+    copies = AmbiguousCopies(
+        lambda r: cancels.append(r.broker_name) is None, lookup, clock_ms=lambda: now[0]
+    )
+    try:
+        copies.note(_result("b", now[0] + 2_500), (), away_from=("a",))
+        wait_until(lambda: not copies.pending(), 5, "the first ask")
+        assert cancels == [] and copies.counts["not_found"] == 0
+        now[0] += 1_000
+        wait_until(lambda: copies.counts["cancelled"] == 1, 5, "the second ask and cancel")
+        assert cancels == ["a"] and copies.counts["asked_late"] == 1
+    finally:
+        copies.close()
+
+
 def test_copy_stays_when_the_acknowledged_one_is_gone() -> None:
     """Another producer may have cancelled the acknowledged copy (keeping this one): then
     this copy is the message, and it stays."""

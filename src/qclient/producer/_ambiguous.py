@@ -53,7 +53,9 @@ _NOT_FOUND_ASKS = 4  # "not found" answers, _RETRY_S apart, before a copy is dro
 #: before the outage (found at once); a late request there is its sender's ambiguous copy
 _AWAY_ASKS = 1
 #: the id's own broker is asked again this long before the message is due (time for the
-#: lookups and the cancel to get there before it fires)
+#: lookups and the cancel to get there before it fires); a message due sooner than that
+#: from its last "not found" is asked again two rounds on, if that is at least a round
+#: before it is due
 _LATE_ASK_MS = 2000
 _PARALLEL = 4  # threads asking one broker at once
 _PER_THREAD = 16  # copies per thread before another one helps
@@ -146,7 +148,13 @@ class AmbiguousCopies:
                 if home == keep:
                     continue
                 key = (acked.topic, acked.msg_id, home)
-                if key not in self._pending and key not in self._deferred:
+                asked = self._pending.get(key)
+                if asked is not None:
+                    # also a broker an ambiguous attempt went to: asked as such, and owed
+                    # the id's late ask too (a re-send may reach it after those answers)
+                    asked.late_ask = True
+                    continue
+                if key not in self._deferred:
                     self._pending[key] = _Copy(
                         acked.topic,
                         acked.msg_id,
@@ -307,8 +315,9 @@ class AmbiguousCopies:
         c.asked_at = time.monotonic()
         if c.not_found < c.asks:
             return
-        at = c.deliver_at_ms - _LATE_ASK_MS
-        if c.late_ask and at > self._clock_ms() + 2 * _RETRY_S * 1000:  # two rounds ahead
+        round_ms = _RETRY_S * 1000
+        at = max(c.deliver_at_ms - _LATE_ASK_MS, self._clock_ms() + 2 * round_ms)
+        if c.late_ask and at <= c.deliver_at_ms - round_ms:
             c.late_ask, c.not_found = False, 0
             key = (c.topic, c.msg_id, c.broker)
             with self._lock:
