@@ -15,7 +15,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from ...protocol import wire
-from ...protocol.deadline import refuse_after_ms
+from ...protocol.deadline import expired, refuse_after_ms
 from ...protocol.wire import ErrorCode
 from .._http import (
     ApiError,
@@ -169,17 +169,15 @@ class Broker:
             )
         now = wall_clock_ms()
         deadline = body.deadline_ms
-        refuse_after = None
-        if deadline is not None:
-            refuse_after = refuse_after_ms(deadline)
-            if now > refuse_after:
-                self.counters["deadline_refusals"] += 1
-                raise ApiError(
-                    504,
-                    ErrorCode.DEADLINE_EXCEEDED,
-                    f"the sender's deadline had passed {now - deadline} ms ago when the "
-                    f"request was read; nothing stored",
-                )
+        if expired(deadline, now):
+            self.counters["deadline_refusals"] += 1
+            raise ApiError(
+                504,
+                ErrorCode.DEADLINE_EXCEEDED,
+                f"the sender's deadline had passed {now - (deadline or now)} ms ago when the "
+                f"request was read; nothing stored",
+            )
+        refuse_after = None if deadline is None else refuse_after_ms(deadline)
         if count == 1:  # the one-call path: the row checker itself is the cheaper check
             m = msgs[0]
             topic_names = {m.topic: None}
