@@ -158,7 +158,8 @@ def _find_metric(result: Mapping[str, Any], name: str) -> Any:
 
 
 def declared_targets(result: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """A scenario's targets as ``[{name, value, target, met}]``.
+    """A scenario's targets as ``[{name, value, target, met}]`` (plus ``floor``: what the
+    machine allows, measured in the same run, where the scenario gives one).
 
     Accepts the README's list form, and the short form ``{"metric>=": 30000, ...}`` whose
     metric is looked up (by key or key suffix) among the result's numbers.
@@ -193,11 +194,13 @@ def targets_table(results: Mapping[str, Any]) -> str | None:
                     t.get("value"),
                     t.get("target"),
                     "**met**" if met is True else ("NOT met" if met is False else "?"),
+                    t.get("floor", ""),
                 ]
             )
     if not rows:
         return None
-    return _table(["scenario", "target", "measured", "wanted", "met?"], rows)
+    header = ["scenario", "target", "measured", "wanted", "met?", "floor (same run)"]
+    return _table(header, rows)
 
 
 def write_report(results: Mapping[str, Any], out_dir: Path) -> Path:

@@ -213,6 +213,40 @@ def test_short_form_targets_and_pretty_json() -> None:
     assert _last_json("x\nnot json\n") is None
 
 
+def test_targets_table_shows_the_floor_measured_in_the_run() -> None:
+    """A target that carries the machine's floor (one_call_bench's request floor) shows it
+    beside the goal; a target without one leaves the column empty."""
+    from benchmarks._suite.report import targets_table
+
+    table = targets_table(
+        {
+            "scenarios": {
+                "one_call_bench": {
+                    "result": {
+                        "targets": [
+                            {
+                                "name": "cpu",
+                                "value": 388,
+                                "target": "<= 150",
+                                "met": False,
+                                "floor": 208,
+                            },
+                            {"name": "ratio", "value": 12, "target": ">= 10", "met": True},
+                        ]
+                    }
+                }
+            }
+        }
+    )
+    assert table is not None
+    assert "floor (same run)" in table.splitlines()[0]
+    cpu = next(line for line in table.splitlines() if "| cpu |" in line)
+    ratio = next(line for line in table.splitlines() if "| ratio |" in line)
+    assert cpu.split("|")[-2].strip() == "208"
+    assert ratio.split("|")[-2].strip() == ""
+    assert "NOT met" in cpu and "**met**" in ratio
+
+
 def test_merge_keeps_earlier_results(tmp_path: Path) -> None:
     """--merge keeps what an earlier run wrote for the scenarios not run now."""
     selftest = "benchmarks._suite._selftest"
