@@ -8,7 +8,11 @@
    ``deliver_at``; early = negative. Once per rate.
 2. redis: the same workload on the Redis peer (sorted set + Lua pop, benchmarks/peers),
    lateness measured the same way, side by side (skipped if redis-server is missing).
-3. kill: ``--kill-rate`` due msgs/s for ``--kill-seconds``; the broker is killed with
+3. floor: the same schedule on ``benchmarks/_floor_pull.py`` (the broker's HTTP stack firing
+   on an event-loop timer and answering one long poll; no store, no checks), pulled by a bare
+   ``http.client`` loop: what a pull design's received lateness is on this machine before any
+   broker logic, in the same run. The targets carry it as their ``floor``.
+4. kill: ``--kill-rate`` due msgs/s for ``--kill-seconds``; the broker is killed with
    SIGKILL a third of the way in and restarted at once while the consumer keeps polling:
    every message must arrive at least once, none early; duplicates are counted.
 """
@@ -17,8 +21,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import http.client
 import json
 import os
+import struct
+import subprocess
 import sys
 import tempfile
 import threading
@@ -207,6 +214,50 @@ def bench_redis(rate: int, seconds: float) -> tuple[dict | None, list, str | Non
     return {"due_rate_msgs_per_s": rate, **_summary(lateness, total, ids)}, lateness, None
 
 
+def bench_floor(rate: int, seconds: float) -> tuple[dict[str, Any], list[float]]:
+    """Received lateness of ``benchmarks._floor_pull`` at ``rate`` (see the module doc)."""
+    total = int(rate * seconds)
+    start = int(_now_ms()) + 1500
+    cmd = [sys.executable, "-m", "benchmarks._floor_pull", "--rate", str(rate)]
+    cmd += ["--seconds", str(seconds), "--start-ms", str(start)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE)
+    lateness: list[float] = []
+    try:
+        assert proc.stdout is not None
+        port = int(proc.stdout.readline().strip() or 0)
+        if not port:
+            raise RuntimeError(f"the pull floor server did not start (exit {proc.poll()})")
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        server = psutil.Process(proc.pid)
+        server_cpu, client_cpu = sum(server.cpu_times()[:2]), time.process_time()
+        deadline = time.monotonic() + seconds + 20
+        while len(lateness) < total and time.monotonic() < deadline:
+            conn.request("GET", "/pull")
+            body = conn.getresponse().read()
+            now = _now_ms()
+            lateness += [now - due for (due,) in struct.iter_unpack("<q100x", body)]
+        server_cpu = sum(server.cpu_times()[:2]) - server_cpu
+        client_cpu = time.process_time() - client_cpu
+        conn.close()
+    finally:
+        proc.kill()
+        proc.wait(10)
+    s = sorted(lateness)
+    res = {
+        "due_rate_msgs_per_s": rate,
+        "expected": total,
+        "received": len(s),
+        "lost": total - len(s),
+        "lateness_p50_ms": percentile(s, 50),
+        "lateness_p99_ms": percentile(s, 99),
+        "lateness_max_ms": s[-1] if s else float("nan"),
+        "early": sum(1 for x in s if x < 0),
+        "broker_cpu_us_per_msg": server_cpu / max(1, total) * 1e6,
+        "client_cpu_us_per_msg": client_cpu / max(1, total) * 1e6,
+    }
+    return res, lateness
+
+
 def _sampled(values: list[float]) -> list[float]:
     step = max(1, len(values) // MAX_SAMPLES)
     return [round(x, 3) for x in values[::step]]
@@ -232,20 +283,21 @@ def _report(label: str, r: dict[str, Any]) -> None:
     )
 
 
-def _targets(r: dict[str, Any]) -> list[dict[str, Any]]:
+def _targets(r: dict[str, Any], floor: dict[str, Any]) -> list[dict[str, Any]]:
+    """The lateness goals at ``r``'s rate; ``floor``: the pull floor at the same rate."""
     rate = r["due_rate_msgs_per_s"]
     out = []
     if rate == 5000:
         out += [
             {"name": "p50 @5k/s", "value": r["lateness_p50_ms"], "target": "<= 1 ms",
-             "met": r["lateness_p50_ms"] <= 1},
+             "met": r["lateness_p50_ms"] <= 1, "floor": floor["lateness_p50_ms"]},
             {"name": "p99 @5k/s", "value": r["lateness_p99_ms"], "target": "<= 5 ms",
-             "met": r["lateness_p99_ms"] <= 5},
+             "met": r["lateness_p99_ms"] <= 5, "floor": floor["lateness_p99_ms"]},
         ]  # fmt: skip
     if rate == 20000:
         out.append(
             {"name": "p99 @20k/s", "value": r["lateness_p99_ms"], "target": "<= 10 ms",
-             "met": r["lateness_p99_ms"] <= 10}
+             "met": r["lateness_p99_ms"] <= 10, "floor": floor["lateness_p99_ms"]}
         )  # fmt: skip
     out.append(
         {"name": f"early @{rate}/s", "value": r["early"], "target": "== 0",
@@ -273,7 +325,11 @@ def run(
             results[f"qclient_{rate}"] = r
             samples[f"qclient received @{rate:,}/s"] = _sampled(lat)
             _report("qclient", r)
-            targets += _targets(r)
+            fr, flat = bench_floor(rate, seconds)
+            results[f"floor_{rate}"] = fr
+            samples[f"pull floor @{rate:,}/s"] = _sampled(flat)
+            _report("pull floor", fr)
+            targets += _targets(r, fr)
             if redis:
                 rr, rlat, why = bench_redis(rate, seconds)
                 if rr is None:
