@@ -1,14 +1,17 @@
-"""Index entries the firing path keeps in memory until the syncer writes them (a
-consume queue's newest offsets, the id index's FIRED entries): reads see the same before
-and after the write, and after a reopen."""
+"""Index entries kept in memory until the syncer writes them (a consume queue's newest
+offsets, the id index's FIRED and STORED entries): reads see the same before and after
+the write, and after a reopen."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
+from qclient.server.store import id_index
 from qclient.server.store import record as rec
 from qclient.server.store.consume_log import ConsumeQueue
-from qclient.server.store.id_index import FIRED, IdIndex, id_key
+from qclient.server.store.id_index import FIRED, STORED, IdIndex, id_key
 
 
 def _fired(i: int) -> tuple[bytes, int, int]:
@@ -71,4 +74,26 @@ def test_fired_entries_kept_apart_are_found_before_and_after_a_flush(tmp_path: P
     again = IdIndex(tmp_path / "ids", fsync=False)
     again.recover()
     assert again.find("m1") == [(40, FIRED, 1234), (90, FIRED, 2000)]
+    again.close()
+
+
+def test_stored_entries_handed_over_are_found_until_and_after_they_are_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(id_index, "STAGED_MAX", 4)
+    ids = IdIndex(tmp_path / "ids", fsync=False)
+    ids.recover()
+    ids.add_stored([("m1", 40, 1234), ("m2", 80, 99)])
+    assert ids.find("m1") == [(40, STORED, 1234)]  # kept as handed over
+    assert ids._files.size(id_key("m1") & (id_index.PARTS - 1)) == 0
+    ids.add_stored([(f"n{i}", 100 + i, i) for i in range(3)])  # 5 > 4 wait: moved
+    assert ids._staged == [] and ids._staged_count == 0
+    assert ids.find("m1") == [(40, STORED, 1234)] and ids.find("n2") == [(102, STORED, 2)]
+    ids.add_stored([("m1", 500, 4321)])
+    assert ids.find("m1") == [(40, STORED, 1234), (500, STORED, 4321)]  # written order
+    ids.close()  # writes what waits
+    again = IdIndex(tmp_path / "ids", fsync=False)
+    again.recover()
+    assert again.find("m1") == [(40, STORED, 1234), (500, STORED, 4321)]
+    assert again.find("m2") == [(80, STORED, 99)]
     again.close()

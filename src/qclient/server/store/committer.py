@@ -18,13 +18,14 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from itertools import repeat
 
 import msgspec
 
 from qclient.server.store import record as rec
 from qclient.server.store._files import NO_SPACE
 from qclient.server.store._shared import LOCK_CHUNK, Shared
-from qclient.server.store.replay import Replayer
+from qclient.server.store.replay import Item, Replayer
 from qclient.server.store.types import (
     CancelOutcome,
     DeadlineExceededError,
@@ -42,6 +43,17 @@ _CANCEL = rec.KIND_CANCEL
 _RESCHEDULE = rec.KIND_RESCHEDULE
 _SCHEDULING = rec.SCHEDULING_KINDS
 _MSG_ID = operator.attrgetter("msg_id")
+_DATA = operator.attrgetter("data")
+_DELIVER_AT = operator.attrgetter("deliver_at")
+_HASH = operator.attrgetter("h")
+_POSITION = operator.attrgetter("position")
+
+
+def _too_late(past_ms: int) -> DeadlineExceededError:
+    return DeadlineExceededError(
+        f"the sender's deadline had passed {past_ms} ms ago (with its clock skew "
+        "allowance) when the request's turn to be written came"
+    )
 
 
 class Entry(msgspec.Struct, eq=False):
@@ -173,6 +185,10 @@ class Committer:
     ) -> list[StoreResult]:
         """:meth:`submit` and :meth:`commit_pending` on the calling thread in one: the
         results once durable; raises what submit raises, or the group's error."""
+        if len(msgs) == 1:
+            one = self._store_one(msgs[0], datas[0], refuse_after_ms)
+            if one is not None:
+                return one
         batch = NowBatch(len(msgs))
         batch.refuse_after = refuse_after_ms
         self._queue_batch(batch, msgs, datas, True)
@@ -182,6 +198,105 @@ class Committer:
         if isinstance(outcome, BaseException):
             raise outcome
         return outcome  # type: ignore[return-value]
+
+    def _store_one(
+        self, m: NewMessage, data: bytes, refuse_after: int | None
+    ) -> list[StoreResult] | None:
+        """:meth:`store_now` of one message in one pass, as its own group: the same
+        checks, tables, counters, file writes and outcome as the general path, without
+        its batch, queue and per-group lists. None (nothing done): the id is in flight,
+        let the general path make it wait for that record."""
+        sh = self._sh
+        inflight = self._inflight
+        mid = m.msg_id
+        n = len(data)
+        # the commit lock first, so that no other thread can complete a duplicate waiting
+        # on this record (see _queue_batch) before the record is written
+        with self._commit_lock:
+            with sh.submit_lock:
+                self._check_open()
+                if mid in inflight:
+                    return None
+                h, pos = sh.dedupe.find(mid)
+                if pos is not None:
+                    r = sh.files.mlog.read_record(pos)
+                    if r is not None and r.kind in _SCHEDULING and r.msg_id == mid:
+                        sh.stats["duplicates"] += 1
+                        return [StoreResult(mid, r.queue_id, r.deliver_at_ms, True)]
+                if self.pending + 1 > self._max_pending or (
+                    self.pending_bytes and self.pending_bytes + n > self._max_pending_bytes
+                ):
+                    sh.stats["busy_rejections"] += 1
+                    raise StoreBusyError("too many messages pending the group commit")
+                deliver_at = m.deliver_at_ms
+                e = Entry(_MSG, mid, h, data, m.queue_id, deliver_at)
+                inflight[mid] = e
+                self.pending += 1
+                self.pending_bytes += n
+            error = self._write_one(e, refuse_after)
+            if error is not None:
+                with sh.submit_lock:
+                    e.error = error
+                    if inflight.get(mid) is e:
+                        del inflight[mid]
+                    self.pending -= 1
+                    self.pending_bytes -= n
+                raise error
+            pos = e.position
+            stats = sh.stats
+            stats["fsyncs"] += 1
+            stats["groups"] += 1
+            stats["appended"] += 1
+            try:
+                if sh.files.ids is not None:
+                    sh.files.ids.add_stored([(mid, pos, deliver_at)])
+                self._replayer.replay([(pos, n, _MSG, deliver_at, 0)], sh.files.mlog.end)
+            except Exception as exc:
+                log.exception("schedule replay failed; the store stops accepting work")
+                sh.broken = exc
+            stats["stored"] += 1
+            now = sh.clock()
+            with sh.submit_lock:
+                if inflight.get(mid) is e:
+                    del inflight[mid]
+                sh.dedupe.add(h, pos, now)
+                self.pending -= 1
+                sh.dedupe.expire(now)
+                self.pending_bytes -= n
+        return [StoreResult(mid, e.queue_id, deliver_at, False)]
+
+    def _write_one(self, e: Entry, refuse_after: int | None) -> BaseException | None:
+        """Append and sync one record (the commit lock held): sets its position, or
+        returns the error that fails it (nothing of it kept)."""
+        sh = self._sh
+        if refuse_after is not None:
+            now = sh.clock()
+            if now > refuse_after:
+                sh.stats["deadline_refusals"] += 1
+                return _too_late(now - refuse_after)
+        mlog = sh.files.mlog
+        start = mlog.end
+        try:
+            (e.position,) = mlog.append([e.data])
+            synced = time.perf_counter()
+            mlog.sync()
+            if sh.config.fsync:
+                sh.fsync_seconds["message_log"].observe(time.perf_counter() - synced)
+        except OSError as exc:
+            return self._write_failed(exc, start)
+        return None
+
+    def _write_failed(self, exc: OSError, start: int) -> StoreError:
+        """Cut the message log back to ``start`` after a failed write; the error."""
+        sh = self._sh
+        log.error("message log write failed: %s", exc)
+        try:
+            sh.files.mlog.truncate(start)
+        except OSError as exc2:
+            sh.broken = exc2
+        if exc.errno in NO_SPACE:
+            return DiskFullError(f"no space left for the message log: {exc}")
+        return StoreError(f"message log write failed: {exc}")
 
     def _queue_batch(
         self, batch: Batch, msgs: list[NewMessage], datas: list[bytes], defer: bool
@@ -315,10 +430,7 @@ class Committer:
             return group
         with self._sh.submit_lock:
             for b, past in late:
-                err = DeadlineExceededError(
-                    f"the sender's deadline had passed {past} ms ago (with its clock skew "
-                    "allowance) when the request's turn to be written came"
-                )
+                err = _too_late(past)
                 for e in b.entries:
                     e.error = err
                     if self._inflight.get(e.msg_id) is e:
@@ -332,6 +444,28 @@ class Committer:
                 b.complete()
         return keep
 
+    @staticmethod
+    def _columns(
+        entries: list[Entry], positions: list[int]
+    ) -> tuple[list[Item], list[tuple[str, int, int]], int]:
+        """Replay items, index entries and the count of new messages of a group's
+        records (any kinds), each record's position set."""
+        items: list[Item] = []
+        indexed = []  # (msg_id, position, deliver_at) of the records the index keeps
+        stored = 0
+        for e, pos in zip(entries, positions, strict=True):
+            e.position = pos
+            kind = e.kind
+            if kind == _RESCHEDULE:
+                items.append((pos, len(e.data), _MSG, e.deliver_at, 0))
+                items.append((pos, len(e.data), _CANCEL, e.prev_deliver_at, e.ref))
+            else:
+                items.append((pos, len(e.data), kind, e.deliver_at, e.ref))
+                stored += kind == _MSG
+            if kind != _CANCEL:
+                indexed.append((e.msg_id, pos, e.deliver_at))
+        return items, indexed, stored
+
     def _commit(self, group: list[Batch]) -> None:
         sh = self._sh
         group = self._expire(group)
@@ -341,41 +475,39 @@ class Committer:
         if entries:
             start = mlog.end
             try:
-                positions = mlog.append([e.data for e in entries])
+                positions = mlog.append(list(map(_DATA, entries)))
                 synced = time.perf_counter()
                 mlog.sync()
                 if sh.config.fsync:
                     sh.fsync_seconds["message_log"].observe(time.perf_counter() - synced)
             except OSError as exc:
-                log.error("message log write failed: %s", exc)
-                try:
-                    mlog.truncate(start)
-                except OSError as exc2:
-                    sh.broken = exc2
-                err = StoreError(f"message log write failed: {exc}")
-                if exc.errno in NO_SPACE:
-                    err = DiskFullError(f"no space left for the message log: {exc}")
-                self._fail(group, err)
+                self._fail(group, self._write_failed(exc, start))
                 return
             n = len(entries)
             stats["fsyncs"] += 1
             stats["groups"] += 1
             stats["appended"] += n
-            items = []  # replay items
-            indexed = []  # (msg_id, position, deliver_at) of the records the index keeps
-            stored = 0
-            for e, pos in zip(entries, positions, strict=True):
-                e.position = pos
-                kind = e.kind
-                if kind == _RESCHEDULE:
-                    items.append((pos, len(e.data), _MSG, e.deliver_at, 0))
-                    items.append((pos, len(e.data), _CANCEL, e.prev_deliver_at, e.ref))
-                else:
-                    items.append((pos, len(e.data), kind, e.deliver_at, e.ref))
-                    stored += kind == _MSG
-                if kind != _CANCEL:
-                    indexed.append((e.msg_id, pos, e.deliver_at))
-                e.data = b""
+            deliver_ats = list(map(_DELIVER_AT, entries))
+            if all(not b.cancel for b in group):
+                # only submit()s: every record a new message (no cancel, no reschedule),
+                # so the replay items and index entries are built column-wise
+                for e, pos in zip(entries, positions, strict=True):
+                    e.position = pos
+                items: list[Item] = list(
+                    zip(
+                        positions,
+                        map(len, map(_DATA, entries)),
+                        repeat(_MSG),
+                        deliver_ats,
+                        repeat(0),
+                    )
+                )
+                indexed = list(zip(map(_MSG_ID, entries), positions, deliver_ats, strict=True))
+                stored = n
+                scheduling = entries
+            else:
+                items, indexed, stored = self._columns(entries, positions)
+                scheduling = [e for e in entries if e.kind in _SCHEDULING]
             try:
                 # indexed before the replay offset passes them, so the checkpoint's fsync
                 # of the index covers everything it has replayed
@@ -394,18 +526,19 @@ class Committer:
                 b.nbytes = 0
             inflight = self._inflight
             dedupe = sh.dedupe
-            for i in range(0, n, LOCK_CHUNK):
-                chunk = entries if n <= LOCK_CHUNK else entries[i : i + LOCK_CHUNK]
-                msgs = [e for e in chunk if e.kind in _SCHEDULING]
-                hashes = [e.h for e in msgs]
-                where = [e.position for e in msgs]
+            m = len(scheduling)
+            last = max(m, 1)
+            for i in range(0, last, LOCK_CHUNK):
+                chunk = scheduling if m <= LOCK_CHUNK else scheduling[i : i + LOCK_CHUNK]
+                hashes = list(map(_HASH, chunk))
+                where = list(map(_POSITION, chunk))
                 with sh.submit_lock:
-                    for e in msgs:
+                    for e in chunk:
                         if inflight.get(e.msg_id) is e:
                             del inflight[e.msg_id]
                     dedupe.add_many(hashes, where, now)
-                    self.pending -= len(chunk)
-                    if i + LOCK_CHUNK >= n:  # the last chunk
+                    if i + LOCK_CHUNK >= last:  # the last chunk
+                        self.pending -= n
                         dedupe.expire(now)
                         self.pending_bytes -= nbytes
         for b in group:
