@@ -9,7 +9,7 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -109,6 +109,17 @@ def _app(wait_s: float = 5.0) -> Application:
     async def pending(request: Request) -> Response:
         return Response(body=str(request.app.pending_handlers).encode())
 
+    async def routed(request: Request) -> Response:
+        return Response(body=b"routed:" + await request.read())
+
+    def direct(body: bytes, media_type: str, answer: Callable[[Response], None]) -> Response | None:
+        if body == b"boom":
+            raise RuntimeError("a bug")
+        if body == b"later":  # answered through the callback, in a later loop iteration
+            asyncio.get_running_loop().call_soon(answer, Response(body=b"later"))
+            return None
+        return Response(body=b"now:" + body + b":" + media_type.encode())
+
     async def stamp(request: Request, handler: Any) -> Response:
         request["seen"] = True
         resp = await handler(request)
@@ -126,6 +137,8 @@ def _app(wait_s: float = 5.0) -> Application:
     app.router.add_get("/wait", wait)
     app.router.add_get("/release", let_go)
     app.router.add_get("/pending", pending)
+    app.router.add_post("/direct", routed)
+    app.add_direct("POST", "/direct", direct)
     return app
 
 
@@ -213,6 +226,41 @@ def test_handlers_see_the_requests_still_waiting_in_their_loop_iteration(
             f.close()
         for s in socks:
             s.close()
+
+
+def test_a_direct_handler_answers_a_lone_request_without_a_task(served: Served) -> None:
+    ct = "Content-Type: application/json\r\n"
+    with served.connect() as sock, sock.makefile("rb") as f:
+        sock.sendall(_request("POST", "/direct", b"a", ct))
+        status, headers, body = _read_response(f)
+        # no middleware ran (no X-Seen): the direct handler answered
+        assert (status, body, "x-seen" in headers) == (200, b"now:a:application/json", False)
+        sock.sendall(_request("POST", "/direct", b"later"))
+        assert _read_response(f)[2] == b"later"
+        # pipelined behind one in flight, or spelled otherwise: the route's handler
+        sock.sendall(
+            _request("POST", "/direct", b"later")
+            + _request("POST", "/direct", b"b")
+            + _request("POST", "/%64irect", b"c")
+        )
+        answers = [_read_response(f) for _ in range(3)]
+        assert [a[2] for a in answers] == [b"later", b"routed:b", b"routed:c"]
+        assert answers[1][1]["x-seen"] == "True"
+        sock.sendall(_request("POST", "/direct", b"d", "Connection: close\r\n"))
+        status, headers, body = _read_response(f)
+        assert (status, body, headers["connection"]) == (
+            200,
+            b"now:d:application/octet-stream",
+            "close",
+        )
+        assert f.read() == b""  # closed by the server
+    with served.connect() as sock, sock.makefile("rb") as f:  # a bug in it: 500, closed
+        sock.sendall(_request("POST", "/direct", b"boom"))
+        status, headers, body = _read_response(f)
+        assert status == 500 and headers["connection"] == "close"
+        assert json.loads(body)["error"]["code"] == "INTERNAL"
+        assert f.read() == b""
+    assert served.app.pending_handlers == 0 and served.state.in_flight == 0
 
 
 def test_http10_and_connection_close_end_the_connection(served: Served) -> None:

@@ -27,10 +27,14 @@ from ..protocol.wire import ErrorCode
 __all__ = [
     "ApiError",
     "Application",
+    "DirectHandler",
     "Handler",
     "Middleware",
     "Request",
     "Response",
+    "decode_body",
+    "encoded_reply",
+    "error_answer",
     "error_middleware",
     "error_response",
     "make_app",
@@ -215,6 +219,11 @@ class Response:
 
 Handler = Callable[[Request], Awaitable[Response]]
 Middleware = Callable[[Request, Handler], Awaitable[Response]]
+#: ``handler(body, media_type, answer)``: a request answered without a Request object, a
+#: task or the middlewares (see :meth:`Application.add_direct`); returns the Response, or
+#: None and calls ``answer(response)`` once later, on the loop thread (never before it
+#: returns)
+DirectHandler = Callable[[bytes, str, Callable[[Response], None]], Response | None]
 
 
 # --- application and routing ----------------------------------------------------------
@@ -297,9 +306,20 @@ class Application(_State):
         #: requests handed to a handler that has not started yet (kept by the server): a
         #: handler that sees 0 is the last one its loop iteration runs
         self.pending_handlers = 0
+        #: (method, path) -> its direct handler, as bytes (see :meth:`add_direct`)
+        self.direct: dict[tuple[bytes, bytes], DirectHandler] = {}
         self._state: dict[str, Any] = {}
         self._not_found = self._wrap(_not_found)
         self._not_allowed = self._wrap(_not_allowed)
+
+    def add_direct(self, method: str, path: str, handler: DirectHandler) -> None:
+        """Answer a request to exactly ``method path`` (a static route whose handler is
+        added as usual too) with ``handler``, called by the server as the request is
+        parsed when its connection has nothing else in flight; pipelined requests, paths
+        spelled differently (percent-escapes) and every other case take the route's
+        handler. The middlewares are not run: the caller answers for what they do (errors
+        as :func:`error_answer` gives them, metrics)."""
+        self.direct[(method.encode(), path.encode())] = handler
 
     def _wrap(self, handler: Handler) -> Handler:
         for mw in reversed(self.middlewares):
@@ -352,8 +372,12 @@ def response_type(request: Request) -> str:
 
 
 def reply(request: Request, obj: Any, status: int = 200) -> Response:
-    ct = response_type(request)
-    return Response(status=status, body=wire.encode(obj, ct), content_type=ct)
+    return encoded_reply(response_type(request), obj, status)
+
+
+def encoded_reply(answer_type: str, obj: Any, status: int = 200) -> Response:
+    """``obj`` encoded as ``answer_type`` (a media type of ``wire.MEDIA_TYPES``)."""
+    return Response(status=status, body=wire.encode(obj, answer_type), content_type=answer_type)
 
 
 def text_reply(request: Request, body: bytes, content_type: str) -> Response:
@@ -361,37 +385,46 @@ def text_reply(request: Request, body: bytes, content_type: str) -> Response:
     return Response(body=body, content_type=content_type)
 
 
-async def read_body(request: Request, typ: type[T]) -> T:
-    """Read and schema-check a JSON or MessagePack body."""
-    ct = request.content_type
-    if ct not in wire.MEDIA_TYPES:
+def decode_body(data: bytes, content_type: str, typ: type[T]) -> T:
+    """Schema-check a JSON or MessagePack body of media type ``content_type``."""
+    if content_type not in wire.MEDIA_TYPES:
         raise ApiError(
             415,
             ErrorCode.UNSUPPORTED_MEDIA_TYPE,
-            f"Content-Type must be {' or '.join(wire.MEDIA_TYPES)}, got {ct!r}",
+            f"Content-Type must be {' or '.join(wire.MEDIA_TYPES)}, got {content_type!r}",
         )
-    data = await request.read()
     if not data:
         raise ApiError(400, ErrorCode.INVALID_REQUEST, "empty request body")
     try:
-        return wire.decode(data, typ, ct)
+        return wire.decode(data, typ, content_type)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise ApiError(400, ErrorCode.INVALID_REQUEST, f"malformed request body: {exc}") from None
+
+
+async def read_body(request: Request, typ: type[T]) -> T:
+    """Read and schema-check a JSON or MessagePack body."""
+    return decode_body(await request.read(), request.content_type, typ)
+
+
+def error_answer(exc: Exception, method: str, path: str, answer_type: str) -> Response:
+    """The one-line error response of a handler's exception (``answer_type``: the
+    encoding of the answer); one that is not an ApiError is a bug: logged, 500."""
+    if isinstance(exc, ApiError):
+        return error_response(exc.status, exc.code, exc.message, answer_type)
+    log.error("internal error on %s %s", method, path, exc_info=exc)
+    return error_response(
+        500, ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}", answer_type
+    )
 
 
 async def error_middleware(request: Request, handler: Handler) -> Response:
     """Every exception of a handler becomes a one-line error response (a bug: 500)."""
     try:
         return await handler(request)
-    except ApiError as exc:
-        return error_response(exc.status, exc.code, exc.message, response_type(request))
     except asyncio.CancelledError:
         raise
-    except Exception as exc:  # a bug: say so in one line, keep serving
-        log.exception("internal error on %s %s", request.method, request.path)
-        return error_response(
-            500, ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}", response_type(request)
-        )
+    except Exception as exc:  # an ApiError, or a bug: say so in one line, keep serving
+        return error_answer(exc, request.method, request.path, response_type(request))
 
 
 def make_app(max_request_bytes: int, middlewares: list[Any] | None = None) -> Application:

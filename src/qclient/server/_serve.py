@@ -6,7 +6,10 @@ pipelined requests answered in order, chunked request bodies, a request size lim
 answered before the body is read, header limits, an idle timeout, a graceful stop -- and
 so costs a fraction of aiohttp's web stack per request (measured: docs/DECISIONS.md).
 Handlers run as tasks, one at a time per connection; a handler that waits (a long poll)
-holds up only its own connection.
+holds up only its own connection. A route with a direct handler
+(:meth:`Application.add_direct`) is answered without a Request object, a task or the
+middlewares when its connection has nothing else in flight: the handler is called as the
+request is parsed and answers at once or through a callback.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from email.utils import formatdate
+from functools import partial
 from http import HTTPStatus
 from pathlib import Path
 
@@ -28,7 +32,14 @@ import httptools
 
 from ..protocol import wire
 from ..protocol.wire import ErrorCode
-from ._http import Application, Request, Response, error_response, media_type_of
+from ._http import (
+    Application,
+    DirectHandler,
+    Request,
+    Response,
+    error_response,
+    media_type_of,
+)
 
 __all__ = ["serve", "start_server"]
 
@@ -93,6 +104,20 @@ class _HttpError(Exception):
         self.response = error_response(status, code, message, content_type)
 
 
+class _Direct:
+    """Stands for a direct handler's request in flight where a handler task would be: it
+    answers through its callback; a stopping server waits for it (it cannot be
+    cancelled)."""
+
+    __slots__ = ()
+
+    def cancel(self) -> bool:
+        return False
+
+
+_DIRECT = _Direct()
+
+
 class _Connection(asyncio.Protocol):
     """One client connection: parse, answer requests one at a time, in order."""
 
@@ -107,7 +132,7 @@ class _Connection(asyncio.Protocol):
         #: parsed requests waiting for the one in flight; a Response: an error to send
         #: (in its turn) before closing
         self._pending: deque[tuple[Request, bool] | Response] = deque()
-        self._task: asyncio.Task[None] | None = None
+        self._task: asyncio.Task[None] | _Direct | None = None
         self._closing = False
         self._write_paused = False
         self._read_paused = False
@@ -241,6 +266,23 @@ class _Connection(asyncio.Protocol):
                 raise self._error(400, "malformed request target") from None
             raw_path, query = parsed.path or b"/", parsed.query or b""
         body = self._body
+        direct = self._app.direct
+        if (
+            direct
+            and self._task is None
+            and not self._pending
+            and not self._write_paused
+            and not self._closing
+        ):
+            handler = direct.get((parser.get_method(), raw_path))
+            if handler is not None:
+                keep_alive = parser.should_keep_alive()
+                content_type = media_type_of(self._content_type)
+                self._reset()
+                self._direct(
+                    handler, body[0] if len(body) == 1 else b"".join(body), content_type, keep_alive
+                )
+                return
         request = Request(
             parser.get_method().decode("latin-1"),
             raw_path.decode("latin-1"),
@@ -302,12 +344,37 @@ class _Connection(asyncio.Protocol):
         finally:
             self._server.in_flight -= 1
             self._task = None
+        self._answer(response, keep_alive, request.method == "HEAD")
+
+    def _direct(
+        self, handler: DirectHandler, body: bytes, content_type: str, keep_alive: bool
+    ) -> None:
+        self._server.in_flight += 1
+        self._task = _DIRECT
+        try:
+            response = handler(body, content_type, partial(self._direct_answer, keep_alive))
+        except Exception as exc:  # the handler's own errors are its to answer: a bug
+            log.exception("internal error in a direct handler")
+            response = error_response(500, ErrorCode.INTERNAL, f"internal error: {exc!r}")
+            keep_alive = False
+        if response is not None:
+            self._direct_answer(keep_alive, response)
+
+    def _direct_answer(self, keep_alive: bool, response: Response) -> None:
+        if self._task is not _DIRECT:
+            return  # answered already
+        self._server.in_flight -= 1
+        self._task = None
+        self._answer(response, keep_alive, False)
+
+    def _answer(self, response: Response, keep_alive: bool, head: bool) -> None:
+        """Send the answer of the request in flight; then the next one, or close."""
         if self._server.stopping:
             keep_alive = False
         transport = self._transport
         if transport is None or transport.is_closing():
             return
-        transport.write(_render(response, keep_alive, request.method == "HEAD"))
+        transport.write(_render(response, keep_alive, head))
         self.last_active = time.monotonic()
         if not keep_alive:
             self._closing = True

@@ -32,6 +32,7 @@ __all__ = [
     "CONTENT_TYPE",
     "BrokerCollector",
     "NameServerMetrics",
+    "RequestMetrics",
     "metrics_handler",
     "request_metrics_middleware",
 ]
@@ -103,35 +104,49 @@ class _RequestDurations:
         yield family
 
 
+class RequestMetrics:
+    """``qclient_http_request_duration_seconds{endpoint, method, status}``: observed by
+    :attr:`middleware` for routed requests, and by :meth:`observe` for those answered
+    by a direct handler (which runs no middleware). A path the protocol does not define
+    is counted as endpoint ``other``."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._durations = durations = _RequestDurations()
+        registry.register(durations)
+        self._endpoint = endpoint = _Endpoints(_protocol_routes())
+
+        async def middleware(request: Any, handler: Any) -> Any:
+            """Errors raised by inner handlers count with their status (500 if none)."""
+            start = time.perf_counter()
+            status = 500
+            try:
+                response = await handler(request)
+                status = response.status
+                return response
+            except asyncio.CancelledError:  # the client went away: no status to count
+                status = 0
+                raise
+            except Exception as exc:
+                status = getattr(exc, "status", 500)
+                raise
+            finally:
+                if status:
+                    method = request.method if request.method in _METHODS else "other"
+                    durations.observe(
+                        (endpoint(request.path), method, status), time.perf_counter() - start
+                    )
+
+        self.middleware = middleware
+
+    def observe(self, path: str, method: str, status: int, seconds: float) -> None:
+        """Count one request answered outside the middleware."""
+        method = method if method in _METHODS else "other"
+        self._durations.observe((self._endpoint(path), method, status), seconds)
+
+
 def request_metrics_middleware(registry: CollectorRegistry) -> Any:
-    """A middleware observing ``qclient_http_request_duration_seconds{endpoint, method,
-    status}``; errors raised by inner handlers count with their status (500 if none).
-    A path the protocol does not define is counted as endpoint ``other``."""
-    durations = _RequestDurations()
-    registry.register(durations)
-    endpoint = _Endpoints(_protocol_routes())
-
-    async def middleware(request: Any, handler: Any) -> Any:
-        start = time.perf_counter()
-        status = 500
-        try:
-            response = await handler(request)
-            status = response.status
-            return response
-        except asyncio.CancelledError:  # the client went away: no status to count
-            status = 0
-            raise
-        except Exception as exc:
-            status = getattr(exc, "status", 500)
-            raise
-        finally:
-            if status:
-                method = request.method if request.method in _METHODS else "other"
-                durations.observe(
-                    (endpoint(request.path), method, status), time.perf_counter() - start
-                )
-
-    return middleware
+    """:class:`RequestMetrics`' middleware (for a server without direct handlers)."""
+    return RequestMetrics(registry).middleware
 
 
 def _histogram(

@@ -7,13 +7,19 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from qclient.server.broker.commit import LoopCommitter
-from qclient.server.store import DelayStore, NewMessage, StoreConfig, StoreError
+from qclient.server.store import (
+    DeadlineExceededError,
+    DelayStore,
+    NewMessage,
+    StoreConfig,
+    StoreError,
+)
 
 
 @pytest.fixture
@@ -147,3 +153,43 @@ def test_a_failed_write_fails_every_waiter_and_stores_nothing(store: DelayStore)
         assert not r.duplicate
 
     asyncio.run(retry())
+
+
+def test_direct_sends_are_answered_by_callback_alone_or_in_one_group(store: DelayStore) -> None:
+    async def main() -> dict[str, object]:
+        loop = asyncio.get_running_loop()
+        committer = LoopCommitter(store, loop)
+        got: dict[str, object] = {}
+        done = asyncio.Event()
+
+        def answer(tag: str, count: int) -> Callable[[object], None]:
+            def call(outcome: object) -> None:
+                got[tag] = outcome
+                if len(got) == count:
+                    done.set()
+
+            return call
+
+        committer.store_soon(_msgs("lone"), None, None, answer("lone", 1))
+        assert got == {}  # never before store_soon returns
+        await asyncio.wait_for(done.wait(), 10)
+        lone_groups = _groups(store)
+        lone = got.pop("lone")
+        done.clear()
+        committer.store_soon(_msgs("a", 2), None, None, answer("a", 3))
+        committer.store_soon(_msgs("late"), None, 0, answer("late", 3))  # deadline passed
+        committer.store_soon(_msgs("b"), None, None, answer("b", 3))
+        routed = committer.submit(_msgs("c"))
+        await asyncio.wait_for(done.wait(), 10)
+        got["c"] = await routed
+        got["groups"] = (lone_groups, _groups(store))
+        got["lone"] = lone
+        return got
+
+    before = _groups(store)
+    got = asyncio.run(main())
+    assert [r.msg_id for r in got["lone"]] == ["lone-0"]  # type: ignore[attr-defined]
+    assert [r.msg_id for r in got["a"]] == ["a-0", "a-1"]  # type: ignore[attr-defined]
+    assert isinstance(got["late"], DeadlineExceededError)
+    assert [r.msg_id for r in got["b"]] == ["b-0"] and [r.msg_id for r in got["c"]] == ["c-0"]  # type: ignore[attr-defined]
+    assert got["groups"] == (before + 1, before + 2)  # alone: one; then one for all four

@@ -7,7 +7,10 @@ import gc
 import logging
 import ssl
 import sys
+import time
 from collections import defaultdict
+from collections.abc import Callable
+from functools import partial
 from operator import attrgetter
 from pathlib import Path
 from typing import Any
@@ -22,13 +25,16 @@ from .._http import (
     Application,
     Request,
     Response,
+    decode_body,
+    encoded_reply,
+    error_answer,
     make_app,
     read_body,
     reply,
     ssl_context,
 )
 from .._serve import serve
-from ..metrics import BrokerCollector, metrics_handler, request_metrics_middleware
+from ..metrics import BrokerCollector, RequestMetrics, metrics_handler
 from ..store import (
     DeadlineExceededError,
     DelayStore,
@@ -38,11 +44,12 @@ from ..store import (
     StoreBusyError,
     StoreConfig,
     StoreError,
+    StoreResult,
     wall_clock_ms,
 )
 from . import lifecycle
 from .checks import MessageChecks
-from .commit import LoopCommitter
+from .commit import LoopCommitter, Outcome
 from .config import BrokerConfig
 from .disk import DiskGuard
 from .groups import GroupTable, group_heartbeat, group_pull
@@ -55,6 +62,26 @@ log = logging.getLogger(__name__)
 _TOPIC = attrgetter("topic")
 _QUEUE_ID = attrgetter("queue_id")
 _DUPLICATE = attrgetter("duplicate")
+
+
+class _Send:
+    """A checked send request: what to store and how to answer it."""
+
+    __slots__ = ("index", "refuse_after", "slots", "to_store", "topics")
+
+    def __init__(
+        self,
+        to_store: list[NewMessage],
+        topics: dict[str, None] | None,
+        refuse_after: int | None,
+        index: list[int] | None,
+        slots: list[wire.MessageResult | None],
+    ) -> None:
+        self.to_store = to_store
+        self.topics = topics  # the distinct topics of to_store, if known
+        self.refuse_after = refuse_after
+        self.index = index  # positions in the request of to_store; None: all of them
+        self.slots = slots  # answers by position, when some messages are refused
 
 
 class Broker:
@@ -81,6 +108,7 @@ class Broker:
         self.groups = GroupTable()
         self._loop: asyncio.AbstractEventLoop | None = None
         self.committer: LoopCommitter  # set by start()
+        self.request_metrics: RequestMetrics | None = None  # set by create_app
         self.counters: dict[str, int] = defaultdict(int)
 
     # --- lifecycle ------------------------------------------------------------------
@@ -156,7 +184,77 @@ class Broker:
     # --- handlers -------------------------------------------------------------------
 
     async def send(self, request: Request) -> Response:
-        body = await read_body(request, wire.SendRequest)
+        send = self._take(await read_body(request, wire.SendRequest), request)
+        stored: list[StoreResult] = []
+        if send.to_store:
+            try:
+                # the last request of its loop iteration: nothing could join its group
+                alone = not request.app.pending_handlers
+                committer = self.committer
+                now_stored = (
+                    committer.store_now(send.to_store, send.topics, send.refuse_after)
+                    if alone
+                    else None
+                )
+                stored = (
+                    now_stored
+                    if now_stored is not None
+                    else await committer.submit(send.to_store, send.topics, send.refuse_after)
+                )
+            except StoreError as exc:
+                raise self._store_failed(exc) from None
+        return reply(request, self._answer(send, stored))
+
+    def send_direct(
+        self, data: bytes, content_type: str, answer: Callable[[Response], None]
+    ) -> Response | None:
+        """:meth:`send` as the server's direct handler (no Request, task or middleware):
+        the same answers, counters and request metrics. Only for a broker without an
+        authorizer (its check needs the request)."""
+        start = time.perf_counter()
+        try:
+            send = self._take(decode_body(data, content_type, wire.SendRequest), None)
+            if send.to_store:
+                self.committer.store_soon(
+                    send.to_store,
+                    send.topics,
+                    send.refuse_after,
+                    partial(self._direct_stored, send, content_type, start, answer),
+                )
+                return None
+            response = encoded_reply(wire.media_type(content_type), self._answer(send, []))
+        except Exception as exc:
+            response = error_answer(exc, "POST", wire.BROKER_SEND, wire.media_type(content_type))
+        self._observe(response, start)
+        return response
+
+    def _direct_stored(
+        self,
+        send: _Send,
+        content_type: str,
+        start: float,
+        answer: Callable[[Response], None],
+        outcome: Outcome,
+    ) -> None:
+        answer_type = wire.media_type(content_type)
+        try:
+            if isinstance(outcome, BaseException):
+                raise self._store_failed(outcome)
+            response = encoded_reply(answer_type, self._answer(send, outcome))
+        except Exception as exc:
+            response = error_answer(exc, "POST", wire.BROKER_SEND, answer_type)
+        self._observe(response, start)
+        answer(response)
+
+    def _observe(self, response: Response, start: float) -> None:
+        if self.request_metrics is not None:
+            self.request_metrics.observe(
+                wire.BROKER_SEND, "POST", response.status, time.perf_counter() - start
+            )
+
+    def _take(self, body: wire.SendRequest, request: Request | None) -> _Send:
+        """Check a send request and build what to store (raises ApiError); ``request``:
+        for the authorizer (None only without one)."""
         msgs = body.messages
         count = len(msgs)
         if count == 0:
@@ -190,12 +288,13 @@ class Broker:
             if found is None:
                 found = [self.checks.message(i, m, now) for i, m in enumerate(msgs)]
             deliver = found
-        self.authorize(request, set(topic_names))
+        if self.authorizer is not None:
+            assert request is not None, "a broker with an authorizer has no direct send"
+            self.authorizer.check_topics(request, set(topic_names))
         if self.config.read_only:
             raise ApiError(403, ErrorCode.NOT_WRITABLE, f"broker {self.config.name} is read-only")
         self.disk.check()
         configs = {t: self.ensure_topic(t) for t in topic_names}
-        results: list[wire.MessageResult]
         slots: list[wire.MessageResult | None] = []  # by message, when some are refused
         index: list[int] | None = None  # positions in msgs of to_store; None: all of them
         if not (len(configs) == 1 and self._writable(next(iter(configs.values())), max_queue)):
@@ -232,39 +331,39 @@ class Broker:
             )
             for m, d in chosen
         ]
-        if to_store:
-            try:
-                # validated: the message checks did (more strictly) what the
-                # store's own input checks would do again; topics: those of to_store
-                # when it is all of msgs (then the store need not collect them again)
-                topics = topic_names if index is None else None
-                # the last request of its loop iteration: nothing could join its group
-                alone = not request.app.pending_handlers
-                committer = self.committer
-                now_stored = committer.store_now(to_store, topics, refuse_after) if alone else None
-                stored = (
-                    now_stored
-                    if now_stored is not None
-                    else await committer.submit(to_store, topics, refuse_after)
-                )
-            except StoreBusyError as exc:
-                raise ApiError(503, ErrorCode.BROKER_BUSY, f"broker busy: {exc}") from None
-            except DeadlineExceededError as exc:
-                self.counters["deadline_refusals"] += 1
-                raise ApiError(504, ErrorCode.DEADLINE_EXCEEDED, f"{exc}; nothing stored") from None
-            except DiskFullError as exc:
-                raise ApiError(507, ErrorCode.DISK_FULL, f"disk full: {exc}") from None
-            except InvalidRecordError as exc:  # bad input, not a store failure
-                raise ApiError(400, ErrorCode.INVALID_MESSAGE, str(exc)) from None
-            except StoreError as exc:
-                log.error("store error: %s", exc)
-                raise ApiError(500, ErrorCode.STORE_ERROR, f"store error: {exc}") from None
+        # validated: the message checks did (more strictly) what the store's own input
+        # checks would do again; topics: those of to_store when it is all of msgs (then
+        # the store need not collect them again)
+        return _Send(to_store, topic_names if index is None else None, refuse_after, index, slots)
+
+    def _store_failed(self, exc: BaseException) -> BaseException:
+        """The HTTP error of a store error (other exceptions: themselves, a bug)."""
+        if isinstance(exc, StoreBusyError):
+            return ApiError(503, ErrorCode.BROKER_BUSY, f"broker busy: {exc}")
+        if isinstance(exc, DeadlineExceededError):
+            self.counters["deadline_refusals"] += 1
+            return ApiError(504, ErrorCode.DEADLINE_EXCEEDED, f"{exc}; nothing stored")
+        if isinstance(exc, DiskFullError):
+            return ApiError(507, ErrorCode.DISK_FULL, f"disk full: {exc}")
+        if isinstance(exc, InvalidRecordError):  # bad input, not a store failure
+            return ApiError(400, ErrorCode.INVALID_MESSAGE, str(exc))
+        if isinstance(exc, StoreError):
+            log.error("store error: %s", exc)
+            return ApiError(500, ErrorCode.STORE_ERROR, f"store error: {exc}")
+        return exc
+
+    def _answer(self, send: _Send, stored: list[StoreResult]) -> wire.SendResponse:
+        """The answer of a send whose messages are stored (``stored``: their results)."""
+        results: list[wire.MessageResult]
+        if send.to_store:
             ok = wire.SEND_OK
+            index = send.index
             if index is None:
                 results = [
                     wire.MessageResult(r.msg_id, ok, r.queue_id, r.deliver_at_ms) for r in stored
                 ]
             else:
+                slots = send.slots
                 for i, r in zip(index, stored, strict=True):
                     slots[i] = wire.MessageResult(r.msg_id, ok, r.queue_id, r.deliver_at_ms)
             duplicates = sum(map(_DUPLICATE, stored))
@@ -273,9 +372,9 @@ class Broker:
             if len(stored) > duplicates:
                 self.counters["stored"] += len(stored) - duplicates
         self.counters["send_requests"] += 1
-        if index is not None:
-            results = [r for r in slots if r is not None]
-        return reply(request, wire.SendResponse(self.config.name, results))
+        if send.index is not None:
+            results = [r for r in send.slots if r is not None]
+        return wire.SendResponse(self.config.name, results)
 
     @staticmethod
     def _writable(cfg: wire.TopicConfig | None, queue_id: int) -> bool:
@@ -419,7 +518,8 @@ def create_app(config: BrokerConfig) -> tuple[Application, Broker]:
     registry = CollectorRegistry()
     registry.register(BrokerCollector(broker))
     # outside the auth check: refused requests are counted too
-    middlewares: list[Any] = [request_metrics_middleware(registry)]
+    broker.request_metrics = request_metrics = RequestMetrics(registry)
+    middlewares: list[Any] = [request_metrics.middleware]
     if config.auth_file:
         from .._auth import Authorizer, auth_middleware
 
@@ -428,6 +528,8 @@ def create_app(config: BrokerConfig) -> tuple[Application, Broker]:
     app = make_app(config.max_request_bytes, middlewares)
     app["broker"] = broker
     app.router.add_post(wire.BROKER_SEND, broker.send)
+    if broker.authorizer is None:  # (the authorizer's check needs the Request)
+        app.add_direct("POST", wire.BROKER_SEND, broker.send_direct)
     app.router.add_post(wire.BROKER_CANCEL, lifecycle.cancel)
     app.router.add_post(wire.BROKER_LOOKUP, lifecycle.lookup)
     app.router.add_post(wire.BROKER_RESCHEDULE, lifecycle.reschedule)

@@ -9,7 +9,10 @@ answer back costs more (futex wake-ups, GIL hand-offs, a thread-safe callback) t
 write, and the fdatasync releases the GIL anyway. When the caller knows that no other
 request is waiting to be handled in this iteration (:meth:`LoopCommitter.store_now`),
 it commits at once, inside the handler: no callback, no futures, two loop iterations
-fewer. Anything
+fewer. A send answered by a direct handler (parsed outside any task) hands its messages
+over with a callback (:meth:`LoopCommitter.store_soon`) and the end-of-iteration commit
+decides: the only request of its iteration is stored in one pass (``store_now``), no
+future made. Anything
 else goes to the committer thread, so that under concurrency the loop keeps parsing and
 queueing the next requests while the disk syncs, and those form the next group.
 Durability is the store's: a future completes only after its group's fdatasync.
@@ -20,10 +23,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
+from functools import partial
 
 from ..store import DelayStore, NewMessage, StoreResult
 
-__all__ = ["INLINE_MAX_MESSAGES", "LoopCommitter"]
+__all__ = ["INLINE_MAX_MESSAGES", "LoopCommitter", "Outcome"]
 
 #: a lone request of at most this many messages commits on the loop thread (see the
 #: module doc; measured in docs/DECISIONS.md)
@@ -31,6 +35,9 @@ INLINE_MAX_MESSAGES = 64
 
 _Done = Future[list[StoreResult]]
 _Waiter = asyncio.Future[list[StoreResult]]
+#: what a direct send gets once its messages are durable: the results, or the error
+Outcome = list[StoreResult] | BaseException
+_Later = tuple[list[NewMessage], Iterable[str] | None, int | None, Callable[[Outcome], None]]
 
 
 class LoopCommitter:
@@ -45,7 +52,9 @@ class LoopCommitter:
         self._store = store
         self._loop = loop
         self._inline_max = inline_max_messages
-        self._waiting: list[tuple[_Done, _Waiter]] = []
+        # submits of this iteration, each with what hands its outcome over (on the loop)
+        self._waiting: list[tuple[_Done, Callable[[_Done], None]]] = []
+        self._later: list[_Later] = []  # store_soon()s of this iteration, not submitted yet
         self._messages = 0
         self._on_thread = 0  # requests handed to the committer thread, not yet answered
 
@@ -59,7 +68,7 @@ class LoopCommitter:
         iteration: a small submit with no group forming is committed at once and its
         results returned; None: not now, :meth:`submit` it. Raises what
         ``DelayStore.store_now`` raises."""
-        if self._waiting or self._on_thread or len(msgs) > self._inline_max:
+        if self._waiting or self._later or self._on_thread or len(msgs) > self._inline_max:
             return None
         return self._store.store_now(
             msgs, validated=True, topics=topics, refuse_after_ms=refuse_after_ms
@@ -78,34 +87,73 @@ class LoopCommitter:
         )
         fut: _Waiter = self._loop.create_future()
         if done.done():  # nothing to write (every message a duplicate)
-            _copy(done, fut)
+            _copy(fut, done)
             return fut
-        if not self._waiting:
+        if not self._waiting and not self._later:
             self._loop.call_soon(self._flush)
-        self._waiting.append((done, fut))
+        self._waiting.append((done, partial(_copy, fut)))
         self._messages += len(msgs)
         return fut
 
+    def store_soon(
+        self,
+        msgs: list[NewMessage],
+        topics: Iterable[str] | None,
+        refuse_after_ms: int | None,
+        done: Callable[[Outcome], None],
+    ) -> None:
+        """Commit validated messages with the other sends of this loop iteration; then
+        ``done(results)``, or ``done(error)`` with what ``DelayStore.submit`` or the
+        group commit raised -- on the loop thread, never before this returns."""
+        if not self._waiting and not self._later:
+            self._loop.call_soon(self._flush)
+        self._later.append((msgs, topics, refuse_after_ms, done))
+        self._messages += len(msgs)
+
     def _flush(self) -> None:
+        later, self._later = self._later, []
         waiting, self._waiting = self._waiting, []
         messages, self._messages = self._messages, 0
+        if len(later) == 1 and not waiting and messages <= self._inline_max and not self._on_thread:
+            # the only send of its iteration: stored in one pass, on this thread
+            msgs, topics, refuse_after, answer = later[0]
+            outcome: Outcome
+            try:
+                outcome = self._store.store_now(
+                    msgs, validated=True, topics=topics, refuse_after_ms=refuse_after
+                )
+            except Exception as exc:
+                outcome = exc
+            answer(outcome)
+            return
+        for msgs, topics, refuse_after, answer in later:
+            try:
+                submitted = self._store.submit(
+                    msgs, validated=True, topics=topics, defer=True, refuse_after_ms=refuse_after
+                )
+            except Exception as exc:
+                answer(exc)
+                continue
+            waiting.append((submitted, partial(_deliver, answer)))
+        if not waiting:
+            return
         if len(waiting) == 1 and messages <= self._inline_max and not self._on_thread:
             self._store.commit_pending()
         else:
             self._store.wake_committer()
-        for done, fut in waiting:
+        for done, hand_over in waiting:
             if done.done():
-                _copy(done, fut)
+                hand_over(done)
             else:
                 self._on_thread += 1
-                done.add_done_callback(self._from_thread(fut))
+                done.add_done_callback(self._from_thread(hand_over))
 
-    def _from_thread(self, fut: _Waiter) -> Callable[[_Done], None]:
+    def _from_thread(self, hand_over: Callable[[_Done], None]) -> Callable[[_Done], None]:
         loop = self._loop
 
         def answer(done: _Done) -> None:
             self._on_thread -= 1
-            _copy(done, fut)
+            hand_over(done)
 
         def callback(done: _Done) -> None:
             if not loop.is_closed():
@@ -114,7 +162,7 @@ class LoopCommitter:
         return callback
 
 
-def _copy(done: _Done, fut: _Waiter) -> None:
+def _copy(fut: _Waiter, done: _Done) -> None:
     if fut.done():
         return
     exc = done.exception()
@@ -122,3 +170,8 @@ def _copy(done: _Done, fut: _Waiter) -> None:
         fut.set_exception(exc)
     else:
         fut.set_result(done.result())
+
+
+def _deliver(answer: Callable[[Outcome], None], done: _Done) -> None:
+    exc = done.exception()
+    answer(exc if exc is not None else done.result())
