@@ -56,6 +56,7 @@ def cmd_namesrv(args: argparse.Namespace) -> int:
     return 0
 
 
+_STORE_BOOL_KEYS = {"fsync", "id_index", "visible_before_sync", "firing_thread"}
 _STORE_INT_KEYS = {
     "segment_bytes",
     "bucket_ms",
@@ -73,7 +74,7 @@ _STORE_INT_KEYS = {
 def _store_options(pairs: list[tuple[str, str]]) -> dict[str, int | bool]:
     out: dict[str, int | bool] = {}
     for key, value in pairs:
-        if key in ("fsync", "id_index", "visible_before_sync"):
+        if key in _STORE_BOOL_KEYS:
             out[key] = value.lower() in ("1", "true", "yes", "on")
         elif key in _STORE_INT_KEYS:
             try:
@@ -83,8 +84,7 @@ def _store_options(pairs: list[tuple[str, str]]) -> dict[str, int | bool]:
         else:
             raise CliError(
                 f"unknown --store-option {key!r} "
-                f"(known: fsync, id_index, visible_before_sync, "
-                f"{', '.join(sorted(_STORE_INT_KEYS))})"
+                f"(known: {', '.join(sorted(_STORE_BOOL_KEYS | _STORE_INT_KEYS))})"
             )
     return out
 

@@ -52,6 +52,7 @@ from .checks import MessageChecks
 from .commit import LoopCommitter, Outcome
 from .config import BrokerConfig
 from .disk import DiskGuard
+from .firing import LoopFiring
 from .groups import GroupTable, group_heartbeat, group_pull
 from .heartbeat import Heartbeat
 from .topics import TopicRegistry
@@ -94,7 +95,13 @@ class Broker:
         self.topics = TopicRegistry(data_dir / "topics.json")
         # Minute buckets loaded 30 s ahead: the wheel then holds ~90 s of due messages
         # (QMQ's hour buckets would hold up to 90 min: hundreds of MB at 5k msgs/s).
-        tunables: dict[str, Any] = {"bucket_ms": 60_000, "load_ahead_ms": 30_000, **config.store}
+        # Fired on the event loop (firing.py says why)
+        tunables: dict[str, Any] = {
+            "bucket_ms": 60_000,
+            "load_ahead_ms": 30_000,
+            "firing_thread": False,
+            **config.store,
+        }
         store_cfg = StoreConfig(
             data_dir=data_dir / "store", max_delay_ms=config.max_delay_ms, **tunables
         )
@@ -105,6 +112,7 @@ class Broker:
         self.heartbeat: Heartbeat | None = None
         self.authorizer: Any = None  # set when --auth-file is given
         self.fired = FireWaiters()
+        self.firing: LoopFiring | None = None  # set by start() unless the store fires itself
         self.groups = GroupTable()
         self._loop: asyncio.AbstractEventLoop | None = None
         self.committer: LoopCommitter  # set by start()
@@ -115,10 +123,15 @@ class Broker:
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
+        if not self.store.config.firing_thread:
+            self.firing = LoopFiring(self.store, self._loop)
+            self.store.set_fire_wake(self.firing.wake)
         await asyncio.to_thread(self.store.open)
         self.committer = LoopCommitter(self.store, self._loop)
         self.fired.bind(self._loop)
         self.store.add_fire_listener(self.fired.fired)
+        if self.firing is not None:
+            self.firing.start()
 
     async def register(self, addr: str) -> None:
         if self.config.advertise_addr is None:
@@ -141,6 +154,8 @@ class Broker:
     async def stop(self) -> None:
         if self.heartbeat is not None:
             await self.heartbeat.stop(wire.BrokerUnregistration(self.config.name, self.config.addr))
+        if self.firing is not None:
+            self.firing.stop()
         await asyncio.to_thread(self.store.close)
 
     def registration(self) -> wire.BrokerRegistration:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 
 __all__ = ["FireWaiters"]
 
@@ -29,12 +30,15 @@ class FireWaiters:
 
     def __init__(self) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread = 0
         self._waiting: dict[str, set[asyncio.Future[None]]] = {}
         #: bumped (by the firing thread) each time messages become pullable
         self.seq = 0
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Wake-ups go to ``loop`` (called on its thread)."""
         self._loop = loop
+        self._loop_thread = threading.get_ident()
 
     def fired(self, topics: set[str]) -> None:
         """Messages of ``topics`` are pullable now (any thread)."""
@@ -45,6 +49,9 @@ class FireWaiters:
         waiting = self._waiting
         for topic in topics:
             if waiting.get(topic):
+                if threading.get_ident() == self._loop_thread:  # fired on the loop
+                    self._wake(topics)
+                    return
                 with contextlib.suppress(RuntimeError):  # the loop is closed: stopping
                     loop.call_soon_threadsafe(self._wake, topics)
                 return

@@ -41,6 +41,9 @@ class Shared:
         self.submit_lock = threading.Lock()
         self.sched = threading.Lock()
         self.fire_cv = threading.Condition(self.sched)  # notified when a sooner entry is due
+        #: called (``sched`` held, any thread) when a sooner entry is due, for an owner
+        #: that drives firing itself (``StoreConfig.firing_thread`` off); must not block
+        self.fire_wake: Callable[[], None] | None = None
         self.stats: collections.Counter[str] = collections.Counter()
         #: fired_at - deliver_at of every fired message (ms), for /metrics
         self.lateness = Histogram(LATENESS_BOUNDS_MS)
@@ -53,3 +56,10 @@ class Shared:
         # store then refuses new work, keeps its last good checkpoint, and a restart
         # rebuilds everything from the message log
         self.broken: BaseException | None = None
+
+    def sooner_due(self) -> None:
+        """A wheel entry due sooner than the earliest was pushed (``sched`` held)."""
+        self.fire_cv.notify()
+        wake = self.fire_wake
+        if wake is not None:
+            wake()

@@ -1,12 +1,20 @@
 """Firing: sleep until the earliest due wheel entry (woken early by a sooner one), pop
 what is due, read the records back and append them to the consume logs, and (with
 ``visible_before_sync``) make them pullable and wake the fire listeners at once; the
-syncer then makes them durable. An entry never fires before its ``deliver_at_ms``."""
+syncer then makes them durable. An entry never fires before its ``deliver_at_ms``.
+
+Two drivers: the store's own firing thread (:meth:`Firing.run`), or, with
+``StoreConfig.firing_thread`` off, the store's owner calling :meth:`Firing.fire_due` at
+the times it returns (the broker does so on its event loop: a pull waiting for the
+fired messages is then answered in the same loop iteration, without a second thread's
+wake-up, a cross-thread call and the GIL changing hands every millisecond).
+"""
 
 from __future__ import annotations
 
 import collections
 import logging
+import threading
 import time
 from collections.abc import Callable
 
@@ -21,6 +29,10 @@ log = logging.getLogger(__name__)
 
 _SCHEDULING = rec.SCHEDULING_KINDS
 _FIRE_BATCH = 4096  # entries popped per wake-up
+# entries fired per fire_due() call: the caller's event loop serves nothing meanwhile,
+# so a backlog is fired in short steps with the loop's other work in between
+_DRIVEN_BATCH = 256
+_RETRY_S = 0.1  # a failed step is retried after this long
 _READ_RUN_BYTES = 1 << 20  # adjacent records read together, at most this much at once
 _LATENESS_KEPT = 8192  # the newest lateness samples kept for the stats
 
@@ -60,6 +72,9 @@ class Firing:
         self._sh = sh
         self._syncer = syncer
         self._stop = False
+        # held through each fire_due() call, so stop() returns only after the step in
+        # progress (the store closes its files next)
+        self._driven = threading.Lock()
         # positions of the failed step not in any consume log: the only ones retried (a
         # copy already appended was delivered; firing it again would deliver it twice);
         # None: nothing was appended
@@ -70,6 +85,41 @@ class Firing:
         with self._sh.fire_cv:
             self._stop = True
             self._sh.fire_cv.notify_all()
+        with self._driven:
+            pass
+
+    def fire_due(self) -> float | None:
+        """Fire what is due now, without blocking on the clock; returns the seconds until
+        the next call is wanted (0: more is due now; at most ``MAX_WAIT_S``), or None once
+        stopped. For an owner that drives firing itself (no firing thread)."""
+        sh = self._sh
+        with self._driven:
+            if self._stop:
+                return None
+            with sh.sched:
+                now = sh.clock()
+                due = sh.wheel.pop_due(now, _DRIVEN_BATCH)
+                if not due:
+                    return self._wait_s(now)
+            if not self._fire_or_retry(due, now):
+                return _RETRY_S
+            return 0.0 if len(due) == _DRIVEN_BATCH else self._wait_s(sh.clock(), lock=True)
+
+    def _wait_s(self, now: int, *, lock: bool = False) -> float:
+        """Seconds from the clock's ``now`` until the earliest wheel entry is due: its
+        millisecond's start, not up to 1 ms into it (the clock counts whole ms, the wait
+        need not: wall clock ms start on time_ns's ms boundaries; with another clock this
+        only wakes early). At most ``MAX_WAIT_S``; 0 if something is due."""
+        if lock:
+            with self._sh.sched:
+                nxt = self._sh.wheel.next_due()
+        else:
+            nxt = self._sh.wheel.next_due()
+        if nxt is None:
+            return MAX_WAIT_S
+        t_ms, into_ns = divmod(time.time_ns(), 1_000_000)
+        into_ms = into_ns / 1e6 + (1 if t_ms == now + 1 else 0)  # just ticked
+        return max(0.0, min(MAX_WAIT_S, (nxt - now - into_ms) / 1000))
 
     def run(self) -> None:
         """The firing thread."""
@@ -93,18 +143,15 @@ class Firing:
                 due = w.pop_due(now, _FIRE_BATCH)
                 if due:
                     break
-                nxt = w.next_due()
-                if nxt is None:
-                    timeout = MAX_WAIT_S
-                else:
-                    # wake at the start of the due millisecond, not up to 1 ms into it:
-                    # the clock counts whole ms, the wait need not (wall clock ms start
-                    # on time_ns's ms boundaries; with another clock this only wakes early)
-                    t_ms, into_ns = divmod(time.time_ns(), 1_000_000)
-                    into_ms = into_ns / 1e6 + (1 if t_ms == now + 1 else 0)  # just ticked
-                    timeout = min(MAX_WAIT_S, (nxt - now - into_ms) / 1000)
+                timeout = self._wait_s(now)
                 if timeout > 0:
                     sh.fire_cv.wait(timeout)
+        if not self._fire_or_retry(due, now):
+            time.sleep(_RETRY_S)
+
+    def _fire_or_retry(self, due: list[tuple[int, int, int]], now: int) -> bool:
+        """Fire ``due``; on failure put back what was not fired (retried later): False."""
+        sh = self._sh
         self._unsent = None
         try:
             self._fire(due, now)
@@ -115,8 +162,9 @@ class Firing:
             sh.stats["fire_errors"] += 1
             with sh.sched:
                 for d, pos, size in retry:
-                    w.unfire(d, pos, size)
-            time.sleep(0.1)
+                    sh.wheel.unfire(d, pos, size)
+            return False
+        return True
 
     def _fire(self, due: list[tuple[int, int, int]], now: int) -> None:
         sh = self._sh

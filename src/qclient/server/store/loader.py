@@ -97,7 +97,7 @@ class Loader:
                     notify |= w.push(d, pos, size)
                 load.done = end
                 if notify:
-                    sh.fire_cv.notify()
+                    sh.sooner_due()
         with sh.sched:
             w.finish_load(b)
         self._load = None

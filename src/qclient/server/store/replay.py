@@ -100,6 +100,6 @@ class Replayer:
                 if i + LOCK_CHUNK >= len(items):
                     self.replayed = end
                 if notify:
-                    sh.fire_cv.notify()
+                    sh.sooner_due()
         if wake_loader:
             self._wake_loader()

@@ -95,6 +95,7 @@ class DelayStore:
         self.bucket_ms = config.bucket_ms
         self._intake = Intake(config)
         self._scheduled_at_open = 0
+        self._fire_wake: Callable[[], None] | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def open(self) -> None:
@@ -143,10 +144,12 @@ class DelayStore:
         self._scheduled_at_open = self._count_scheduled()
         for name, target in (
             ("committer", self._committer.run),
-            ("firing", self._firing.run),
+            ("firing", self._firing.run if self.config.firing_thread else None),
             ("syncer", self._syncer.run),
             ("loader", self._loader.run),
         ):
+            if target is None:
+                continue
             t = threading.Thread(target=target, name=f"store-{name}", daemon=True)
             t.start()
             self._threads.append(t)
@@ -155,6 +158,7 @@ class DelayStore:
     def _wire(self, files: StoreFiles) -> None:
         """Build the stages over the shared state."""
         sh = self._sh = Shared(self.config, self._clock, self.bucket_ms, files)
+        sh.fire_wake = self._fire_wake
         self._loader = Loader(sh)
         self._replayer = Replayer(sh, self._loader.wake)
         self._checkpoint = Checkpoint(sh, self._replayer)
@@ -198,7 +202,9 @@ class DelayStore:
             ("syncer", self._syncer.stop),
         ):
             stop()
-            by_name[f"store-{name}"].join()
+            t = by_name.get(f"store-{name}")
+            if t is not None:
+                t.join()
         try:
             self._checkpoint.write()
             self._files.flush()
@@ -322,8 +328,26 @@ class DelayStore:
         return self._files.offsets.get(group, topic, queue_id)
 
     def add_fire_listener(self, cb: Callable[[set[str]], None]) -> None:
-        """``cb(topics)`` runs on the syncer thread when messages become pullable."""
+        """``cb(topics)`` runs when messages become pullable: on the thread that fired
+        them (with ``visible_before_sync``), else on the syncer thread."""
         self._syncer.add_listener(cb)
+
+    # ------------------------------------------------------------------ driven firing
+    def set_fire_wake(self, cb: Callable[[], None] | None) -> None:
+        """With ``firing_thread`` off: ``cb()`` runs (any thread, under the store's
+        scheduler lock: it must only schedule a call) when an entry due sooner than the
+        earliest arrives; then call :meth:`fire_due`."""
+        self._fire_wake = cb
+        if self._state != "new":
+            self._sh.fire_wake = cb
+
+    def fire_due(self) -> float | None:
+        """With ``firing_thread`` off: fire what is due now (never before its time);
+        returns the seconds until the next call is wanted (0: more is due now), or None
+        once the store is closing."""
+        if self._state != "open":
+            return None if self._state in ("closing", "closed") else 0.05
+        return self._firing.fire_due()
 
     # ------------------------------------------------------------------ stats
     def _count_scheduled(self) -> int:

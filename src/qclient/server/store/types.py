@@ -36,6 +36,10 @@ class StoreConfig:
     retain_fired_ms: int = 600_000  # keep a fully fired bucket's files this long after its end
     max_record_bytes: int = (16 << 20) - 1  # hard cap of one encoded record (wheel packing)
     id_index: bool = True  # keep the on-disk id index (lookup / cancel / reschedule by id)
+    #: fire on the store's own thread; False: the owner drives firing by calling
+    #: ``DelayStore.fire_due()`` when ``set_fire_wake``'s callback runs and at the times
+    #: it returns (the broker does, on its event loop)
+    firing_thread: bool = True
 
     def __post_init__(self) -> None:
         self.data_dir = Path(self.data_dir)
