@@ -2,7 +2,8 @@
 
 A small aiohttp-like surface: ``async def handler(request) -> Response``, middlewares
 ``async def mw(request, handler)``, routes with ``{name}`` path parameters; the server
-under it is :mod:`._serve` (an :class:`asyncio.Protocol` with the ``httptools`` parser).
+under it is :mod:`._serve` (listening, stopping) and :mod:`._connection` (an
+:class:`asyncio.Protocol` with the ``httptools`` parser).
 
 Every error leaves as ``{"error": {"code", "message"}}`` with a 4xx/5xx status and a
 one-line message; unknown paths and methods too. Bodies are negotiated between JSON and
