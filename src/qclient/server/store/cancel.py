@@ -14,7 +14,8 @@ from concurrent.futures import Future
 from qclient.server.store import record as rec
 from qclient.server.store._files import check_name
 from qclient.server.store._shared import Shared
-from qclient.server.store.committer import Batch, Committer, Entry
+from qclient.server.store.batch import Batch, Entry
+from qclient.server.store.committer import Committer
 from qclient.server.store.dedupe import id_hash
 from qclient.server.store.types import CancelOutcome, InvalidRecordError, StoreError
 

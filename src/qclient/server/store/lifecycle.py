@@ -29,7 +29,8 @@ from qclient.server.store import cancel as _cancel
 from qclient.server.store import record as rec
 from qclient.server.store._files import check_name
 from qclient.server.store._shared import Shared
-from qclient.server.store.committer import Batch, Committer, Entry
+from qclient.server.store.batch import Batch, Entry
+from qclient.server.store.committer import Committer
 from qclient.server.store.dedupe import id_hash
 from qclient.server.store.id_index import FIRED, STORED
 from qclient.server.store.message_log import MessageLog
