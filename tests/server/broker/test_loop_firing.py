@@ -4,18 +4,25 @@ and a long poll waiting for them is answered there without a cross-thread wake-u
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
-from qclient.server.broker.firing import LoopFiring
+import pytest
+
+from qclient.server.broker.firing import LoopFiring, WallTimer
 from qclient.server.broker.waiters import FireWaiters
 from qclient.server.store import DelayStore, NewMessage, StoreConfig, wall_clock_ms
 
 DEADLINE_S = 10.0  # a fire that does not come fails the test after this long
 
 
-def test_fires_on_the_loop_and_answers_a_waiting_pull_there(tmp_path: Path) -> None:
+@pytest.mark.parametrize("wall_timer", [True, False], ids=["timerfd", "loop-timers"])
+def test_fires_on_the_loop_and_answers_a_waiting_pull_there(
+    tmp_path: Path, wall_timer: bool
+) -> None:
     async def main() -> None:
         loop = asyncio.get_running_loop()
         cross: list[Any] = []  # what other threads asked of the loop
@@ -30,7 +37,7 @@ def test_fires_on_the_loop_and_answers_a_waiting_pull_there(tmp_path: Path) -> N
             tmp_path / "data", bucket_ms=1000, load_ahead_ms=500, fsync=False, firing_thread=False
         )
         store = DelayStore(cfg)
-        firing = LoopFiring(store, loop)
+        firing = LoopFiring(store, loop, wall_timer=wall_timer)
         store.set_fire_wake(firing.wake)
         await asyncio.to_thread(store.open)
         try:
@@ -88,3 +95,24 @@ def test_a_stopped_loop_firing_fires_nothing(tmp_path: Path) -> None:
             await asyncio.to_thread(store.close)
 
     asyncio.run(main())
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="timerfd is Linux's")
+def test_the_wall_timer_expires_at_its_time_and_disarms() -> None:
+    timer = WallTimer.create()
+    assert timer is not None
+    try:
+        at = time.time_ns() + 30_000_000
+        timer.arm(at)
+        assert not timer.expired()
+        deadline = time.monotonic() + DEADLINE_S
+        while not timer.expired():
+            assert time.monotonic() < deadline, "the timer did not expire"
+            time.sleep(0.005)
+        assert time.time_ns() >= at
+        timer.arm(time.time_ns() + 20_000_000)
+        timer.arm(0)  # disarmed before it expires
+        time.sleep(0.04)
+        assert not timer.expired()
+    finally:
+        timer.close()
