@@ -18,7 +18,6 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from itertools import repeat
 
 from qclient.server.store import record as rec
 from qclient.server.store._files import NO_SPACE
@@ -390,20 +389,14 @@ class Committer:
             stats["groups"] += 1
             stats["appended"] += n
             deliver_ats = list(map(_DELIVER_AT, entries))
+            sizes: list[int] | None = None
+            items: list[Item] = []
             if all(not b.cancel for b in group):
                 # only submit()s: every record a new message (no cancel, no reschedule),
-                # so the replay items and index entries are built column-wise
+                # so the replay and the index entries take columns
                 for e, pos in zip(entries, positions, strict=True):
                     e.position = pos
-                items: list[Item] = list(
-                    zip(
-                        positions,
-                        map(len, map(_DATA, entries)),
-                        repeat(_MSG),
-                        deliver_ats,
-                        repeat(0),
-                    )
-                )
+                sizes = list(map(len, map(_DATA, entries)))
                 indexed = list(zip(map(_MSG_ID, entries), positions, deliver_ats, strict=True))
                 stored = n
                 scheduling = entries
@@ -415,7 +408,10 @@ class Committer:
                 # of the index covers everything it has replayed
                 if sh.files.ids is not None and indexed:
                     sh.files.ids.add_stored(indexed)
-                self._replayer.replay(items, mlog.end)
+                if sizes is not None:
+                    self._replayer.replay_new(positions, sizes, deliver_ats, mlog.end)
+                else:
+                    self._replayer.replay(items, mlog.end)
             except Exception as exc:
                 # the records are durable: a restart replays them (the checkpoint stops here)
                 log.exception("schedule replay failed; the store stops accepting work")

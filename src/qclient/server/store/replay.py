@@ -8,6 +8,7 @@ bucket's lowest referenced log position (what segment retention must keep).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from itertools import repeat
 
 from qclient.server.store import record as rec
 from qclient.server.store._shared import LOCK_CHUNK, Shared
@@ -44,6 +45,47 @@ class Replayer:
     def lowest_positions(self) -> Iterable[int]:
         """Each bucket's lowest referenced position (under ``sched``)."""
         return self._bucket_first.values()
+
+    def replay_new(
+        self, positions: list[int], sizes: list[int], deliver_ats: list[int], end: int
+    ) -> None:
+        """:meth:`replay` of new messages only (``(position, size, KIND_MESSAGE,
+        deliver_at, 0)`` items, given as columns), with the same result. A group whose
+        messages share one bucket (a batch sent with one delay) is replayed in C loops:
+        one packed append, and wheel pushes only when the bucket is loaded."""
+        n = len(positions)
+        bucket_ms = self._sh.bucket_ms
+        b = deliver_ats[0] // bucket_ms if n else 0
+        if (
+            not 0 < n <= LOCK_CHUNK
+            or end > MAX_POSITION
+            or any(d // bucket_ms != b for d in deliver_ats)
+        ):
+            self.replay(list(zip(positions, sizes, repeat(_MSG), deliver_ats, repeat(0))), end)
+            return
+        sh = self._sh
+        w = sh.wheel
+        data = b"".join(map(ENTRY.pack, deliver_ats, positions, sizes, repeat(_MSG)))
+        first = self._bucket_first
+        low = min(positions)
+        with sh.sched:
+            fp = first.get(b)
+            if fp is None or low < fp:
+                first[b] = low
+            loaded = w.is_loaded(b)
+            if not loaded:
+                w.add_unloaded(b)
+            notify = False
+            if loaded:
+                push = w.push
+                for d, pos, size in zip(deliver_ats, positions, sizes, strict=True):
+                    notify |= push(d, pos, size)
+            sh.files.slog.append(b, data)
+            self.replayed = end
+            if notify:
+                sh.sooner_due()
+        if not loaded and min(deliver_ats) <= sh.clock() + sh.config.load_ahead_ms:
+            self._wake_loader()
 
     def replay(self, items: list[Item], end: int) -> None:
         """Append schedule entries for new log records; push loaded ones into the wheel;
