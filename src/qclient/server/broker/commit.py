@@ -21,11 +21,12 @@ Durability is the store's: a future completes only after its group's fdatasync.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from functools import partial
 
 from ..store import DelayStore, NewMessage, StoreResult
+from ..store.record import WireFields
 
 __all__ = ["INLINE_MAX_MESSAGES", "LoopCommitter", "Outcome"]
 
@@ -37,7 +38,12 @@ _Done = Future[list[StoreResult]]
 _Waiter = asyncio.Future[list[StoreResult]]
 #: what a direct send gets once its messages are durable: the results, or the error
 Outcome = list[StoreResult] | BaseException
-_Later = tuple[list[NewMessage], Iterable[str] | None, int | None, Callable[[Outcome], None]]
+#: messages to store: NewMessages, or messages with their deliver times (see
+#: ``DelayStore.submit``'s ``deliver_ats``)
+_Messages = Sequence[NewMessage] | Sequence[WireFields]
+_Later = tuple[
+    _Messages, Iterable[str] | None, int | None, Callable[[Outcome], None], list[int] | None
+]
 
 
 class LoopCommitter:
@@ -60,9 +66,10 @@ class LoopCommitter:
 
     def store_now(
         self,
-        msgs: list[NewMessage],
+        msgs: _Messages,
         topics: Iterable[str] | None = None,
         refuse_after_ms: int | None = None,
+        deliver_ats: list[int] | None = None,
     ) -> list[StoreResult] | None:
         """For a caller that knows no other request waits to be handled in this loop
         iteration: a small submit with no group forming is committed at once and its
@@ -71,19 +78,29 @@ class LoopCommitter:
         if self._waiting or self._later or self._on_thread or len(msgs) > self._inline_max:
             return None
         return self._store.store_now(
-            msgs, validated=True, topics=topics, refuse_after_ms=refuse_after_ms
+            msgs,
+            validated=True,
+            topics=topics,
+            refuse_after_ms=refuse_after_ms,
+            deliver_ats=deliver_ats,
         )
 
     def submit(
         self,
-        msgs: list[NewMessage],
+        msgs: _Messages,
         topics: Iterable[str] | None = None,
         refuse_after_ms: int | None = None,
+        deliver_ats: list[int] | None = None,
     ) -> _Waiter:
         """Queue validated messages (see ``DelayStore.submit``); the future completes when
         they are durable. Raises what ``DelayStore.submit`` raises."""
         done = self._store.submit(
-            msgs, validated=True, topics=topics, defer=True, refuse_after_ms=refuse_after_ms
+            msgs,
+            validated=True,
+            topics=topics,
+            defer=True,
+            refuse_after_ms=refuse_after_ms,
+            deliver_ats=deliver_ats,
         )
         fut: _Waiter = self._loop.create_future()
         if done.done():  # nothing to write (every message a duplicate)
@@ -97,17 +114,18 @@ class LoopCommitter:
 
     def store_soon(
         self,
-        msgs: list[NewMessage],
+        msgs: _Messages,
         topics: Iterable[str] | None,
         refuse_after_ms: int | None,
         done: Callable[[Outcome], None],
+        deliver_ats: list[int] | None = None,
     ) -> None:
         """Commit validated messages with the other sends of this loop iteration; then
         ``done(results)``, or ``done(error)`` with what ``DelayStore.submit`` or the
         group commit raised -- on the loop thread, never before this returns."""
         if not self._waiting and not self._later:
             self._loop.call_soon(self._flush)
-        self._later.append((msgs, topics, refuse_after_ms, done))
+        self._later.append((msgs, topics, refuse_after_ms, done, deliver_ats))
         self._messages += len(msgs)
 
     def _flush(self) -> None:
@@ -116,20 +134,29 @@ class LoopCommitter:
         messages, self._messages = self._messages, 0
         if len(later) == 1 and not waiting and messages <= self._inline_max and not self._on_thread:
             # the only send of its iteration: stored in one pass, on this thread
-            msgs, topics, refuse_after, answer = later[0]
+            msgs, topics, refuse_after, answer, ats = later[0]
             outcome: Outcome
             try:
                 outcome = self._store.store_now(
-                    msgs, validated=True, topics=topics, refuse_after_ms=refuse_after
+                    msgs,
+                    validated=True,
+                    topics=topics,
+                    refuse_after_ms=refuse_after,
+                    deliver_ats=ats,
                 )
             except Exception as exc:
                 outcome = exc
             answer(outcome)
             return
-        for msgs, topics, refuse_after, answer in later:
+        for msgs, topics, refuse_after, answer, ats in later:
             try:
                 submitted = self._store.submit(
-                    msgs, validated=True, topics=topics, defer=True, refuse_after_ms=refuse_after
+                    msgs,
+                    validated=True,
+                    topics=topics,
+                    defer=True,
+                    refuse_after_ms=refuse_after,
+                    deliver_ats=ats,
                 )
             except Exception as exc:
                 answer(exc)

@@ -33,7 +33,6 @@ from ..store import (
     DeadlineExceededError,
     DiskFullError,
     InvalidRecordError,
-    NewMessage,
     StoreBusyError,
     StoreError,
     StoreResult,
@@ -58,17 +57,19 @@ _DUPLICATE = attrgetter("duplicate")
 class _Send:
     """A checked send request: what to store and how to answer it."""
 
-    __slots__ = ("index", "refuse_after", "slots", "to_store", "topics")
+    __slots__ = ("deliver", "index", "refuse_after", "slots", "to_store", "topics")
 
     def __init__(
         self,
-        to_store: list[NewMessage],
+        to_store: list[wire.WireMessage],
+        deliver: list[int],
         topics: dict[str, None] | None,
         refuse_after: int | None,
         index: list[int] | None,
         slots: list[wire.MessageResult | None],
     ) -> None:
         self.to_store = to_store
+        self.deliver = deliver  # the deliver time of each of to_store
         self.topics = topics  # the distinct topics of to_store, if known
         self.refuse_after = refuse_after
         self.index = index  # positions in the request of to_store; None: all of them
@@ -107,14 +108,16 @@ class SendHandlers:
                 alone = not request.app.pending_handlers
                 committer = self.committer
                 now_stored = (
-                    committer.store_now(send.to_store, send.topics, send.refuse_after)
+                    committer.store_now(send.to_store, send.topics, send.refuse_after, send.deliver)
                     if alone
                     else None
                 )
                 stored = (
                     now_stored
                     if now_stored is not None
-                    else await committer.submit(send.to_store, send.topics, send.refuse_after)
+                    else await committer.submit(
+                        send.to_store, send.topics, send.refuse_after, send.deliver
+                    )
                 )
             except StoreError as exc:
                 raise self._store_failed(exc) from None
@@ -135,6 +138,7 @@ class SendHandlers:
                     send.topics,
                     send.refuse_after,
                     partial(self._direct_stored, send, content_type, start, answer),
+                    send.deliver,
                 )
                 return None
             response = encoded_reply(wire.media_type(content_type), self._answer(send, []))
@@ -235,21 +239,14 @@ class SendHandlers:
                     )
                     continue
                 index.append(i)
-        chosen = (
-            zip(msgs, deliver, strict=True)
-            if index is None
-            else ((msgs[i], deliver[i]) for i in index)
-        )
-        to_store = [
-            NewMessage(
-                m.topic, m.queue_id, m.msg_id, m.body, d, m.key, m.tags, m.properties, m.flag, now
-            )
-            for m, d in chosen
-        ]
-        # validated: the message checks did (more strictly) what the store's own input
-        # checks would do again; topics: those of to_store when it is all of msgs (then
-        # the store need not collect them again)
-        return _Send(to_store, topic_names if index is None else None, refuse_after, index, slots)
+        # the wire messages themselves with their deliver times (no store message object
+        # per message); validated: the message checks did (more strictly) what the
+        # store's own input checks would do again; topics: those of to_store when it is
+        # all of msgs (then the store need not collect them again)
+        if index is None:
+            return _Send(msgs, deliver, topic_names, refuse_after, None, slots)
+        to_store = [msgs[i] for i in index]
+        return _Send(to_store, [deliver[i] for i in index], None, refuse_after, index, slots)
 
     def _store_failed(self, exc: BaseException) -> BaseException:
         """The HTTP error of a store error (other exceptions: themselves, a bug)."""

@@ -16,7 +16,7 @@ import logging
 import operator
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 
 from qclient.server.store import record as rec
@@ -41,8 +41,11 @@ _SCHEDULING = rec.SCHEDULING_KINDS
 _MSG_ID = operator.attrgetter("msg_id")
 _DATA = operator.attrgetter("data")
 _DELIVER_AT = operator.attrgetter("deliver_at")
+_DELIVER_AT_MS = operator.attrgetter("deliver_at_ms")
 _HASH = operator.attrgetter("h")
 _POSITION = operator.attrgetter("position")
+#: what a submit takes: NewMessages, or messages given with their deliver times
+_Message = NewMessage | rec.WireFields
 
 
 class Committer:
@@ -66,33 +69,41 @@ class Committer:
 
     def submit(
         self,
-        msgs: list[NewMessage],
+        msgs: Sequence[_Message],
         datas: list[bytes],
         *,
         defer: bool = False,
         refuse_after_ms: int | None = None,
+        deliver_ats: list[int] | None = None,
     ) -> Future[list[StoreResult]]:
         """Queue the encoded records ``datas`` of ``msgs``, answering duplicates (in flight
         or in the dedupe table) with the original's result. ``defer``: do not wake the
         committer thread; the caller commits soon (:meth:`commit_pending`) or wakes it
-        (:meth:`wake`). ``refuse_after_ms``: see ``DelayStore.submit``."""
+        (:meth:`wake`). ``refuse_after_ms``: see ``DelayStore.submit``. ``deliver_ats``:
+        the messages' deliver times (None: their ``deliver_at_ms``)."""
         batch = Batch(len(msgs))
         batch.refuse_after = refuse_after_ms
-        self._queue_batch(batch, msgs, datas, defer)
+        self._queue_batch(batch, msgs, datas, defer, deliver_ats)
         return batch.fut  # type: ignore[return-value]
 
     def store_now(
-        self, msgs: list[NewMessage], datas: list[bytes], refuse_after_ms: int | None = None
+        self,
+        msgs: Sequence[_Message],
+        datas: list[bytes],
+        refuse_after_ms: int | None = None,
+        deliver_ats: list[int] | None = None,
     ) -> list[StoreResult]:
         """:meth:`submit` and :meth:`commit_pending` on the calling thread in one: the
         results once durable; raises what submit raises, or the group's error."""
         if len(msgs) == 1:
-            one = self._store_one(msgs[0], datas[0], refuse_after_ms)
+            m = msgs[0]
+            at = m.deliver_at_ms if deliver_ats is None else deliver_ats[0]  # type: ignore[union-attr]
+            one = self._store_one(m, at, datas[0], refuse_after_ms)
             if one is not None:
                 return one
         batch = NowBatch(len(msgs))
         batch.refuse_after = refuse_after_ms
-        self._queue_batch(batch, msgs, datas, True)
+        self._queue_batch(batch, msgs, datas, True, deliver_ats)
         if not batch.done():
             self.commit_pending()
         outcome = batch.outcome
@@ -101,7 +112,7 @@ class Committer:
         return outcome  # type: ignore[return-value]
 
     def _store_one(
-        self, m: NewMessage, data: bytes, refuse_after: int | None
+        self, m: _Message, deliver_at: int, data: bytes, refuse_after: int | None
     ) -> list[StoreResult] | None:
         """:meth:`store_now` of one message in one pass, as its own group: the same
         checks, tables, counters, file writes and outcome as the general path, without
@@ -129,7 +140,6 @@ class Committer:
                 ):
                     sh.stats["busy_rejections"] += 1
                     raise StoreBusyError("too many messages pending the group commit")
-                deliver_at = m.deliver_at_ms
                 e = Entry(_MSG, mid, h, data, m.queue_id, deliver_at)
                 inflight[mid] = e
                 self.pending += 1
@@ -200,7 +210,12 @@ class Committer:
         return StoreError(f"message log write failed: {exc}")
 
     def _queue_batch(
-        self, batch: Batch, msgs: list[NewMessage], datas: list[bytes], defer: bool
+        self,
+        batch: Batch,
+        msgs: Sequence[_Message],
+        datas: list[bytes],
+        defer: bool,
+        deliver_ats: list[int] | None = None,
     ) -> None:
         sh = self._sh
         entries = batch.entries
@@ -209,7 +224,9 @@ class Committer:
         with sh.submit_lock:
             self._check_open()
             hashes, found = sh.dedupe.find_many(map(_MSG_ID, msgs))
-            for i, (m, data, h, pos) in enumerate(zip(msgs, datas, hashes, found, strict=True)):
+            ats = list(map(_DELIVER_AT_MS, msgs)) if deliver_ats is None else deliver_ats
+            rows = zip(msgs, ats, datas, hashes, found, strict=True)
+            for i, (m, at, data, h, pos) in enumerate(rows):
                 mid = m.msg_id
                 e = inflight.get(mid)
                 if e is not None:
@@ -220,7 +237,7 @@ class Committer:
                     if r is not None and r.kind in _SCHEDULING and r.msg_id == mid:
                         batch.results[i] = StoreResult(mid, r.queue_id, r.deliver_at_ms, True)
                         continue
-                e = Entry(_MSG, mid, h, data, m.queue_id, m.deliver_at_ms, 0, i)
+                e = Entry(_MSG, mid, h, data, m.queue_id, at, 0, i)
                 inflight[mid] = e
                 entries.append(e)
             n = len(entries)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from qclient.protocol.limits import MAX_MSG_ID_CHARS, Rule, check_row
 from qclient.server.store import record as rec
@@ -55,6 +55,18 @@ class Intake:
         if datas is None:
             datas = [self._validate(m, now) for m in msgs]
         return datas
+
+    def encode_plain(
+        self,
+        msgs: Sequence[rec.WireFields],
+        deliver_ats: list[int],
+        now: int,
+        topics: Iterable[str] | None = None,
+    ) -> list[bytes] | None:
+        """Records of validated messages given with their deliver times, received ``now``
+        (the bytes :meth:`encode` makes of the same NewMessages); None when one needs the
+        full checks (then :meth:`encode` them as NewMessages)."""
+        return self._encode_validated(msgs, now, topics, deliver_ats) if msgs else None
 
     def _validate(self, m: NewMessage, now: int) -> bytes:
         """One message's record: its types here, its limits by the protocol's row checker
@@ -116,26 +128,32 @@ class Intake:
         return data
 
     def _encode_validated(
-        self, msgs: list[NewMessage], now: int, names: Iterable[str] | None = None
+        self,
+        msgs: Sequence[rec.WireFields],
+        now: int,
+        names: Iterable[str] | None = None,
+        deliver_ats: list[int] | None = None,
     ) -> list[bytes] | None:
         """Records of messages the caller has already validated (``submit(validated=True)``):
         only what the caller's checks do not cover is checked here (topic names, once per
         topic; record size). None when a message needs the full :meth:`_validate` (it has
         key, tags or properties, or something is off: then _validate names the problem).
-        ``names``: the messages' distinct topics, if the caller has them."""
+        ``names``: the messages' distinct topics, if the caller has them; ``deliver_ats``:
+        the messages' deliver times when they are not NewMessages."""
         topics: dict[str, bytes] = {}
         for topic in set(map(_TOPIC, msgs)) if names is None else names:
             if topic not in self._topics_ok:
                 return None
             topics[topic] = topic.encode()
         try:
-            out = rec.encode_messages(msgs, topics, now)
+            out = rec.encode_messages(msgs, topics, now, deliver_ats)
         except Exception:
             return None
         if (
             out is None
             or max(map(len, out)) > self._max_record
-            or min(map(_DELIVER_AT, msgs)) < 0  # the codec takes negative times
+            # the codec takes negative times
+            or min(map(_DELIVER_AT, msgs) if deliver_ats is None else deliver_ats) < 0
         ):
             return None
         return out

@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import struct
 import zlib
-from collections.abc import Sequence
-from typing import NamedTuple, Protocol
+from collections.abc import Iterable, Sequence
+from itertools import repeat
+from typing import Any, NamedTuple, Protocol
 
 import msgspec
 
@@ -133,29 +134,40 @@ def encode(
     return PRE.pack(MAGIC, PRE.size + len(rest), zlib.crc32(rest)) + rest
 
 
-class PlainMessage(Protocol):
-    """What :func:`encode_messages` reads from each message (the store's NewMessage)."""
+class WireFields(Protocol):
+    """What :func:`encode_messages` reads from each message given with its deliver time
+    (the broker's wire message)."""
 
     topic: str
     msg_id: str
     body: bytes
     flag: int
     queue_id: int
-    received_ms: int
-    deliver_at_ms: int
     key: str | None
     tags: str | None
     properties: dict[str, str] | None
 
 
+class PlainMessage(WireFields, Protocol):
+    """What :func:`encode_messages` reads from each message (the store's NewMessage)."""
+
+    received_ms: int
+    deliver_at_ms: int
+
+
 def encode_messages(
-    msgs: Sequence[PlainMessage], topics: dict[str, bytes], received_ms: int
+    msgs: Sequence[PlainMessage] | Sequence[WireFields],
+    topics: dict[str, bytes],
+    received_ms: int,
+    deliver_ats: Sequence[int] | None = None,
 ) -> list[bytes] | None:
     """``encode(KIND_MESSAGE, ...)`` of each message (``received_ms`` where a message has
     0), for the send path's hot loop: the same bytes, one loop, topics encoded once
-    (``topics``: name -> its UTF-8). None when a message has a key, tags, properties or a
-    body that is not ``bytes`` (use :func:`encode` for those). Raises ValueError (or
-    struct.error) on out-of-range fields like :func:`encode`."""
+    (``topics``: name -> its UTF-8). ``deliver_ats``: the messages' deliver times, when
+    they are not on the messages (then every one was received at ``received_ms``). None
+    when a message has a key, tags, properties or a body that is not ``bytes`` (use
+    :func:`encode` for those). Raises ValueError (or struct.error) on out-of-range fields
+    like :func:`encode`."""
     out: list[bytes] = []
     append = out.append
     pack = REST.pack
@@ -163,7 +175,16 @@ def encode_messages(
     crc32 = zlib.crc32
     join = b"".join
     head = PRE.size
-    for m in msgs:
+    if deliver_ats is None:
+        rows: Iterable[tuple[Any, int, int]] = (
+            (m, m.deliver_at_ms, m.received_ms or received_ms)  # type: ignore[attr-defined]
+            for m in msgs
+        )
+    else:
+        if len(deliver_ats) != len(msgs):
+            raise ValueError("one deliver time per message")
+        rows = zip(msgs, deliver_ats, repeat(received_ms), strict=False)
+    for m, deliver_at, received in rows:
         body = m.body
         if m.key is not None or m.tags is not None or m.properties is not None:
             return None
@@ -181,8 +202,8 @@ def encode_messages(
                     KIND_MESSAGE,
                     m.flag,
                     m.queue_id,
-                    m.received_ms or received_ms,
-                    m.deliver_at_ms,
+                    received,
+                    deliver_at,
                     0,
                     0,
                     0,

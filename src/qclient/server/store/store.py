@@ -17,8 +17,9 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
+from typing import Any, cast
 
 from qclient.server.store import cancel as _cancel
 from qclient.server.store._files import atomic_write, check_name, check_queue_id
@@ -31,6 +32,7 @@ from qclient.server.store.histogram import Histogram
 from qclient.server.store.intake import Intake
 from qclient.server.store.lifecycle import Lifecycle
 from qclient.server.store.loader import Loader
+from qclient.server.store.record import WireFields
 from qclient.server.store.recovery import recover
 from qclient.server.store.replay import Replayer
 from qclient.server.store.retention import Retention
@@ -232,12 +234,13 @@ class DelayStore:
     # ------------------------------------------------------------------ producing
     def submit(
         self,
-        msgs: list[NewMessage],
+        msgs: Sequence[NewMessage] | Sequence[WireFields],
         *,
         validated: bool = False,
         topics: Iterable[str] | None = None,
         defer: bool = False,
         refuse_after_ms: int | None = None,
+        deliver_ats: list[int] | None = None,
     ) -> Future[list[StoreResult]]:
         """Store messages; the future completes once they are durable.
 
@@ -251,10 +254,50 @@ class DelayStore:
         :meth:`commit_pending` (or :meth:`wake_committer`) soon. ``refuse_after_ms``: the
         store's clock time (ms) after which nothing of the call may be written; a group
         commit starting later fails it with DeadlineExceededError, storing none of it.
+        ``deliver_ats`` (with ``validated``): the messages' deliver times, ``msgs`` being
+        the caller's own objects with a NewMessage's other fields (not its deliver_at_ms
+        and received_ms: the store's clock); stored as those NewMessages would be.
         """
         self._check_open()
-        datas = self._intake.encode(msgs, self._clock(), validated=validated, topics=topics)
-        return self._committer.submit(msgs, datas, defer=defer, refuse_after_ms=refuse_after_ms)
+        msgs, datas, deliver_ats = self._encode(msgs, validated, topics, deliver_ats)
+        return self._committer.submit(
+            msgs, datas, defer=defer, refuse_after_ms=refuse_after_ms, deliver_ats=deliver_ats
+        )
+
+    def _encode(
+        self,
+        msgs: Sequence[NewMessage] | Sequence[WireFields],
+        validated: bool,
+        topics: Iterable[str] | None,
+        deliver_ats: list[int] | None,
+    ) -> tuple[Sequence[Any], list[bytes], list[int] | None]:
+        """The messages' records: ``(msgs, datas, deliver_ats)`` for the committer (the
+        messages as NewMessages when those given with ``deliver_ats`` need the full
+        checks)."""
+        now = self._clock()
+        if deliver_ats is not None:
+            if not validated:
+                raise ValueError("deliver_ats is for validated messages")
+            plain = self._intake.encode_plain(msgs, deliver_ats, now, topics)
+            if plain is not None:
+                return msgs, plain, deliver_ats
+            msgs = [
+                NewMessage(
+                    m.topic,
+                    m.queue_id,
+                    m.msg_id,
+                    m.body,
+                    d,
+                    m.key,
+                    m.tags,
+                    m.properties,
+                    m.flag,
+                    now,
+                )
+                for m, d in zip(msgs, deliver_ats, strict=True)
+            ]
+        news = cast(list[NewMessage], msgs)
+        return news, self._intake.encode(news, now, validated=validated, topics=topics), None
 
     def commit_pending(self) -> None:
         """Commit what is queued as one group on the calling thread (blocks for its write
@@ -263,17 +306,18 @@ class DelayStore:
 
     def store_now(
         self,
-        msgs: list[NewMessage],
+        msgs: Sequence[NewMessage] | Sequence[WireFields],
         *,
         validated: bool = False,
         topics: Iterable[str] | None = None,
         refuse_after_ms: int | None = None,
+        deliver_ats: list[int] | None = None,
     ) -> list[StoreResult]:
         """``submit(defer=True)`` then :meth:`commit_pending`, returning the results once
         durable (no future is made); raises what submit raises, or the group's error."""
         self._check_open()
-        datas = self._intake.encode(msgs, self._clock(), validated=validated, topics=topics)
-        return self._committer.store_now(msgs, datas, refuse_after_ms)
+        msgs, datas, deliver_ats = self._encode(msgs, validated, topics, deliver_ats)
+        return self._committer.store_now(msgs, datas, refuse_after_ms, deliver_ats)
 
     def wake_committer(self) -> None:
         """Hand what ``submit(defer=True)`` queued to the committer thread."""
