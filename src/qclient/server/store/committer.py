@@ -393,7 +393,9 @@ class Committer:
         if entries:
             start = mlog.end
             try:
-                positions = mlog.append(list(map(_DATA, entries)))
+                datas = list(map(_DATA, entries))
+                sizes = list(map(len, datas))
+                positions = mlog.append(datas, sizes)
                 synced = time.perf_counter()
                 mlog.sync()
                 if sh.config.fsync:
@@ -406,14 +408,13 @@ class Committer:
             stats["groups"] += 1
             stats["appended"] += n
             deliver_ats = list(map(_DELIVER_AT, entries))
-            sizes: list[int] | None = None
+            new_only = all(not b.cancel for b in group)
             items: list[Item] = []
-            if all(not b.cancel for b in group):
+            if new_only:
                 # only submit()s: every record a new message (no cancel, no reschedule),
                 # so the replay and the index entries take columns
                 for e, pos in zip(entries, positions, strict=True):
                     e.position = pos
-                sizes = list(map(len, map(_DATA, entries)))
                 indexed = list(zip(map(_MSG_ID, entries), positions, deliver_ats, strict=True))
                 stored = n
                 scheduling = entries
@@ -425,7 +426,7 @@ class Committer:
                 # of the index covers everything it has replayed
                 if sh.files.ids is not None and indexed:
                     sh.files.ids.add_stored(indexed)
-                if sizes is not None:
+                if new_only:
                     self._replayer.replay_new(positions, sizes, deliver_ats, mlog.end)
                 else:
                     self._replayer.replay(items, mlog.end)

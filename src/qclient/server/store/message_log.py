@@ -21,6 +21,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator
+from itertools import accumulate
 from pathlib import Path
 
 from qclient.server.store import record as rec
@@ -150,13 +151,23 @@ class MessageLog:
             fsync_dir(self.dir)
 
     # --- write -----------------------------------------------------------------------
-    def append(self, records: list[bytes]) -> list[int]:
-        """Write records (not yet synced); return their positions."""
+    def append(self, records: list[bytes], sizes: list[int] | None = None) -> list[int]:
+        """Write records (not yet synced); return their positions. ``sizes``: their
+        lengths, if the caller has them."""
         assert self._wfd is not None
-        positions = []
-        chunk: list[bytes] = []
         base = self._bases[-1]
         end = self.end
+        if sizes is None:
+            sizes = list(map(len, records))
+        total = sum(sizes)
+        if end - base + total <= self.segment_bytes and records:
+            # all in the current segment (no record would roll it): one write, the
+            # positions summed in C
+            write_all(self._wfd, b"".join(records))
+            self.end = end + total
+            return list(accumulate(sizes[:-1], initial=end))
+        positions = []
+        chunk: list[bytes] = []
         for data in records:
             if end > base and end - base + len(data) > self.segment_bytes:
                 write_all(self._wfd, b"".join(chunk))
