@@ -97,3 +97,60 @@ def test_stored_entries_handed_over_are_found_until_and_after_they_are_written(
     assert again.find("m1") == [(40, STORED, 1234), (500, STORED, 4321)]
     assert again.find("m2") == [(80, STORED, 99)]
     again.close()
+
+
+def _varied(i: int) -> tuple[bytes, int, int]:
+    raw = rec.encode(
+        rec.KIND_MESSAGE,
+        f"m{i}-é",
+        "t",
+        bytes([i % 256]) * (i % 7),
+        flag=i % 3,
+        queue_id=1,
+        received_ms=500 + i,
+        deliver_at_ms=1000 + i,
+        key=None if i % 2 else f"k{i}",
+        tags=None if i % 3 else "a||b",
+        properties=None if i % 4 else {"p": str(i), "ü": ""},
+    )
+    return raw, 100 + i, 2000 + i
+
+
+def test_records_kept_in_memory_read_as_the_files_do(tmp_path: Path, monkeypatch) -> None:
+    from qclient.server.store import consume_log
+
+    monkeypatch.setattr(consume_log, "_MEM_RECORDS", 16)  # trimmed to 8 past 16
+    q = ConsumeQueue(tmp_path / "t" / "1", "t", 1, fsync=False)
+    q.open()
+    for start in range(0, 40, 5):
+        q.append([_varied(i) for i in range(start, start + 5)])
+    q.publish(q.next)
+    assert q._memory(0, 1) is None  # trimmed: read from the file
+    kept = q._memory(39, 5)
+    assert kept is not None and len(kept) == 1
+    live = q.read(0, 100)
+    q.close()
+    again = ConsumeQueue(tmp_path / "t" / "1", "t", 1, fsync=False)
+    again.open()
+    assert again._memory(0, 1) is None  # nothing kept after a reopen: all from the file
+    from_files = again.read(0, 100)
+    again.close()
+    assert [m.offset for m in live] == list(range(40))
+    assert live == from_files
+    assert any(m.key and m.tags and m.properties for m in live)
+
+
+def test_records_kept_in_memory_are_bounded_in_bytes(tmp_path: Path, monkeypatch) -> None:
+    from qclient.server.store import consume_log
+
+    monkeypatch.setattr(consume_log, "_MEM_BYTES", 4096)
+    q = ConsumeQueue(tmp_path / "q", "t", 1, fsync=False)
+    q.open()
+    for _ in range(20):
+        q.append([_fired(1000)])  # ~1 KiB a record
+    q.publish(q.next)
+    kept = q._memory(q._mem_base, 100)
+    assert kept and sum(len(b) for b in kept) <= 4096
+    assert q._memory(0, 1) is None
+    assert _ids(q, 0, 100) == ["m1000"] * 20
+    q.close()
