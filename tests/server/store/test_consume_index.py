@@ -10,7 +10,7 @@ import pytest
 
 from qclient.server.store import id_index
 from qclient.server.store import record as rec
-from qclient.server.store.consume_log import ConsumeQueue
+from qclient.server.store.consume_log import ConsumeQueue, Kept
 from qclient.server.store.id_index import FIRED, STORED, IdIndex, id_key
 
 
@@ -116,18 +116,16 @@ def _varied(i: int) -> tuple[bytes, int, int]:
     return raw, 100 + i, 2000 + i
 
 
-def test_records_kept_in_memory_read_as_the_files_do(tmp_path: Path, monkeypatch) -> None:
-    from qclient.server.store import consume_log
-
-    monkeypatch.setattr(consume_log, "_MEM_RECORDS", 16)  # trimmed to 8 past 16
-    q = ConsumeQueue(tmp_path / "t" / "1", "t", 1, fsync=False)
+def test_records_kept_in_memory_read_as_the_files_do(tmp_path: Path) -> None:
+    kept = Kept(limit=8 * len(_varied(39)[0]))  # the newest ~8 records
+    q = ConsumeQueue(tmp_path / "t" / "1", "t", 1, fsync=False, kept=kept)
     q.open()
     for start in range(0, 40, 5):
         q.append([_varied(i) for i in range(start, start + 5)])
     q.publish(q.next)
-    assert q._memory(0, 1) is None  # trimmed: read from the file
-    kept = q._memory(39, 5)
-    assert kept is not None and len(kept) == 1
+    assert q._memory(0, 1) is None  # dropped: read from the file
+    assert q._memory(39, 5) == [rec.to_fired(_varied(39)[0], 2039, 39, 139)]
+    assert kept.bytes <= kept.limit
     live = q.read(0, 100)
     q.close()
     again = ConsumeQueue(tmp_path / "t" / "1", "t", 1, fsync=False)
@@ -140,17 +138,23 @@ def test_records_kept_in_memory_read_as_the_files_do(tmp_path: Path, monkeypatch
     assert any(m.key and m.tags and m.properties for m in live)
 
 
-def test_records_kept_in_memory_are_bounded_in_bytes(tmp_path: Path, monkeypatch) -> None:
-    from qclient.server.store import consume_log
-
-    monkeypatch.setattr(consume_log, "_MEM_BYTES", 4096)
-    q = ConsumeQueue(tmp_path / "q", "t", 1, fsync=False)
-    q.open()
-    for _ in range(20):
-        q.append([_fired(1000)])  # ~1 KiB a record
-    q.publish(q.next)
-    kept = q._memory(q._mem_base, 100)
-    assert kept and sum(len(b) for b in kept) <= 4096
-    assert q._memory(0, 1) is None
-    assert _ids(q, 0, 100) == ["m1000"] * 20
-    q.close()
+def test_queues_share_one_budget_oldest_dropped_first(tmp_path: Path) -> None:
+    size = len(rec.to_fired(_fired(1000)[0], 0, 0, 0))
+    kept = Kept(limit=4 * size)
+    a = ConsumeQueue(tmp_path / "a", "t", 1, fsync=False, kept=kept)
+    b = ConsumeQueue(tmp_path / "b", "t", 1, fsync=False, kept=kept)
+    a.open()
+    b.open()
+    a.append([_fired(1000)] * 3)
+    b.append([_fired(1000)] * 2)  # a's first append (3 records) is dropped
+    assert a._memory(0, 10) is None
+    assert b._memory(0, 10) is not None and len(b._memory(0, 10) or []) == 2
+    assert kept.bytes == 2 * size
+    a.append([_fired(1000)] * 2)
+    assert a._memory(3, 10) is not None and kept.bytes == 4 * size
+    a.publish(a.next)
+    b.publish(b.next)
+    assert _ids(a, 0, 100) == ["m1000"] * 5  # the dropped ones from the file
+    assert _ids(b, 0, 100) == ["m1000"] * 2
+    a.close()
+    b.close()

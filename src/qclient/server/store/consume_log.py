@@ -9,9 +9,10 @@ index entries of the newest offsets stay in memory until the syncer's next ``syn
 writes them (one write per sync instead of one per firing step: with the event loop
 busy, every syscall of the firing thread can wait a GIL switch interval), and reads of
 those offsets take their entries from memory. The record bytes of the newest offsets are
-kept in memory too (bounded per queue): a pull right after a fire, the usual case, decodes
-them from there, without a pread and without checking again the CRC the firing path
-computed over those same bytes. Offsets become *visible* to ``pull`` by
+kept in memory too (within a byte budget shared by all queues, oldest dropped first): a
+pull right after a fire, the usual case, decodes them from there, without a pread and
+without checking again the CRC the firing path computed over those same bytes. Offsets
+become *visible* to ``pull`` by
 ``publish``: right after the append, or only after the log is synced (the store's
 ``visible_before_sync``); offsets a crash took back are handled by recovery (offsets.py
 ``clamp``).
@@ -19,6 +20,7 @@ computed over those same bytes. Offsets become *visible* to ``pull`` by
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import struct
@@ -37,10 +39,10 @@ log = logging.getLogger(__name__)
 INDEX = struct.Struct("<QI")
 _RECENT_MAX = 20_000
 _RECENT_SPAN_MS = 5_000
-# record bytes of the newest offsets kept for pulls, per queue: trimmed to half when
-# either bound is passed (consumers that keep up read within milliseconds of the fire)
-_MEM_RECORDS = 2048
-_MEM_BYTES = 1 << 20
+# record bytes of the newest offsets kept for pulls, all queues of a store together
+# (consumers that keep up read within milliseconds of the fire: at 20k fired msgs/s of
+# ~200 bytes this is seconds of them); older offsets are read from the files
+KEPT_BYTES = 32 << 20
 _REST = rec.REST
 _PRE_SIZE = rec.PRE.size
 _HEADER_SIZE = rec.HEADER_SIZE
@@ -75,10 +77,32 @@ def _from_memory(data: bytes, topic: str, queue_id: int, offset: int) -> FiredMe
     )
 
 
+class Kept:
+    """The record bytes that consume queues keep in memory, oldest dropped first once
+    their sum passes ``limit`` (whichever queue they belong to)."""
+
+    def __init__(self, limit: int = KEPT_BYTES) -> None:
+        self.limit = limit
+        self.bytes = 0
+        self._chunks: collections.deque[tuple[ConsumeQueue, int, int]] = collections.deque()
+        self._lock = threading.Lock()  # taken before a queue's lock, never after
+
+    def added(self, q: ConsumeQueue, count: int, size: int) -> None:
+        with self._lock:
+            self._chunks.append((q, count, size))
+            self.bytes += size
+            while self.bytes > self.limit:
+                old, n, b = self._chunks.popleft()
+                self.bytes -= b
+                old._drop_kept(n)
+
+
 class ConsumeQueue:
     """One topic queue's consume log. ``append`` from one thread, ``read`` from any."""
 
-    def __init__(self, directory: Path, topic: str, queue_id: int, *, fsync: bool):
+    def __init__(
+        self, directory: Path, topic: str, queue_id: int, *, fsync: bool, kept: Kept | None = None
+    ):
         self.dir = directory
         self.topic = topic
         self.queue_id = queue_id
@@ -94,10 +118,10 @@ class ConsumeQueue:
         self._idx_lock = threading.Lock()
         self._idx_base = 0
         self._idx_tail: list[tuple[int, int]] = []
-        # record bytes of offsets mem_base..next (under _idx_lock)
+        # record bytes of offsets mem_base..next (under _idx_lock), within kept's budget
+        self._kept = kept if kept is not None else Kept()
         self._mem_base = 0
         self._mem: list[bytes] = []
-        self._mem_bytes = 0
 
     def open(self) -> list[rec.Record]:
         """Open and recover; returns the records fired in the last few seconds before the
@@ -183,24 +207,17 @@ class ConsumeQueue:
         with self._idx_lock:
             self._idx_tail.extend(index)
             self._mem.extend(chunks)
-            self._mem_bytes += pos - self.log_end
-            if len(self._mem) > _MEM_RECORDS or self._mem_bytes > _MEM_BYTES:
-                self._trim_mem()
+        self._kept.added(self, len(chunks), pos - self.log_end)
         self.log_end = pos
         count = off - self.next
         self.next = off
         return count
 
-    def _trim_mem(self) -> None:
-        mem = self._mem
-        drop = max(0, len(mem) - _MEM_RECORDS // 2)
-        kept = self._mem_bytes - sum(len(b) for b in mem[:drop])
-        while kept > _MEM_BYTES // 2 and drop < len(mem):
-            kept -= len(mem[drop])
-            drop += 1
-        del mem[:drop]
-        self._mem_base += drop
-        self._mem_bytes = kept
+    def _drop_kept(self, count: int) -> None:
+        """Forget the ``count`` oldest records kept in memory (their reads go to the file)."""
+        with self._idx_lock:
+            del self._mem[:count]
+            self._mem_base += count
 
     def write_index(self) -> None:
         """Write the index entries kept in memory (the syncer's thread, and close)."""
@@ -334,6 +351,7 @@ class ConsumeLogs:
         self.dir = directory
         self.fsync = fsync
         self._queues: dict[tuple[str, int], ConsumeQueue] = {}
+        self._kept = Kept()
         self._lock = threading.Lock()
         self.dir.mkdir(parents=True, exist_ok=True)
 
@@ -347,7 +365,7 @@ class ConsumeLogs:
                 continue
             for qdir in sorted(tdir.iterdir()):
                 if qdir.name.isdigit() and int(qdir.name) < 65536:
-                    q = ConsumeQueue(qdir, topic, int(qdir.name), fsync=self.fsync)
+                    q = ConsumeQueue(qdir, topic, int(qdir.name), fsync=self.fsync, kept=self._kept)
                     recent.extend(q.open())
                     self._queues[(topic, int(qdir.name))] = q
         return recent
@@ -363,7 +381,11 @@ class ConsumeLogs:
             q = self._queues.get(key)
             if q is None:
                 q = ConsumeQueue(
-                    self.dir / topic / str(queue_id), topic, queue_id, fsync=self.fsync
+                    self.dir / topic / str(queue_id),
+                    topic,
+                    queue_id,
+                    fsync=self.fsync,
+                    kept=self._kept,
                 )
                 q.open()
                 self._queues[key] = q
