@@ -8,6 +8,8 @@
    ``deliver_at``; early = negative. Once per rate.
 2. redis: the same workload on the Redis peer (sorted set + Lua pop, benchmarks/peers),
    lateness measured the same way, side by side (skipped if redis-server is missing).
+   Each system is measured with the harness's own objects frozen out of the cyclic
+   collector (``gc.freeze``): a consumer process would not hold them.
 3. floor: the same schedule on ``benchmarks/_floor_pull.py`` (the broker's HTTP stack firing
    on an event-loop timer and answering one long poll; no store, no checks), pulled by a bare
    ``http.client`` loop: what a pull design's received lateness is on this machine before any
@@ -21,6 +23,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import gc
 import http.client
 import json
 import os
@@ -31,6 +35,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +47,20 @@ from benchmarks.peers.workload import percentile
 from qclient import Consumer, LocalCluster
 
 MAX_SAMPLES = 5000  # lateness samples kept per run for the report's CDF
+
+
+@contextlib.contextmanager
+def _harness_heap_frozen() -> Iterator[None]:
+    """While a system is measured, the harness's own long-lived objects (schedules,
+    encoded batches, earlier results) are kept out of the cyclic collector's passes:
+    a consumer process would not hold them, and a full collection over them stalls
+    whichever consumer runs in this process for tens of ms. The same for every system."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def _now_ms() -> float:
@@ -132,10 +151,11 @@ def bench_lateness(
         fired: list[float] = []
         broker = psutil.Process(cluster.brokers[0].pid)
         time.sleep(max(0.0, (deliver[0] - _now_ms()) / 1000 - 0.2))
-        broker_cpu, client_cpu = sum(broker.cpu_times()[:2]), time.process_time()
-        lateness, ids = _consume(consumer, acked, deliver[-1] + 15_000, fired)
-        broker_cpu = sum(broker.cpu_times()[:2]) - broker_cpu
-        client_cpu = time.process_time() - client_cpu
+        with _harness_heap_frozen():
+            broker_cpu, client_cpu = sum(broker.cpu_times()[:2]), time.process_time()
+            lateness, ids = _consume(consumer, acked, deliver[-1] + 15_000, fired)
+            broker_cpu = sum(broker.cpu_times()[:2]) - broker_cpu
+            client_cpu = time.process_time() - client_cpu
     res = {"due_rate_msgs_per_s": rate, **_summary(lateness, acked, ids, fired)}
     # CPU per message while firing and consuming: what the machine's load cannot inflate
     res["broker_cpu_us_per_msg"] = broker_cpu / max(1, acked) * 1e6
@@ -204,11 +224,12 @@ def bench_redis(rate: int, seconds: float) -> tuple[dict | None, list, str | Non
                 now = _now_ms()
                 producer.send_many([(m, (due - now) / 1000) for m, due in items[k : k + 1000]])
             producer.close()
-            consumer = peer.consumer("lat", sink)
-            deadline = time.monotonic() + seconds + 30
-            while len(ids) < total and time.monotonic() < deadline:
-                time.sleep(0.05)
-            consumer.close()
+            with _harness_heap_frozen():
+                consumer = peer.consumer("lat", sink)
+                deadline = time.monotonic() + seconds + 30
+                while len(ids) < total and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                consumer.close()
         finally:
             peer.stop()
     return {"due_rate_msgs_per_s": rate, **_summary(lateness, total, ids)}, lateness, None
@@ -229,15 +250,16 @@ def bench_floor(rate: int, seconds: float) -> tuple[dict[str, Any], list[float]]
             raise RuntimeError(f"the pull floor server did not start (exit {proc.poll()})")
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
         server = psutil.Process(proc.pid)
-        server_cpu, client_cpu = sum(server.cpu_times()[:2]), time.process_time()
-        deadline = time.monotonic() + seconds + 20
-        while len(lateness) < total and time.monotonic() < deadline:
-            conn.request("GET", "/pull")
-            body = conn.getresponse().read()
-            now = _now_ms()
-            lateness += [now - due for (due,) in struct.iter_unpack("<q100x", body)]
-        server_cpu = sum(server.cpu_times()[:2]) - server_cpu
-        client_cpu = time.process_time() - client_cpu
+        with _harness_heap_frozen():
+            server_cpu, client_cpu = sum(server.cpu_times()[:2]), time.process_time()
+            deadline = time.monotonic() + seconds + 20
+            while len(lateness) < total and time.monotonic() < deadline:
+                conn.request("GET", "/pull")
+                body = conn.getresponse().read()
+                now = _now_ms()
+                lateness += [now - due for (due,) in struct.iter_unpack("<q100x", body)]
+            server_cpu = sum(server.cpu_times()[:2]) - server_cpu
+            client_cpu = time.process_time() - client_cpu
         conn.close()
     finally:
         proc.kill()
