@@ -29,7 +29,6 @@ import http.client
 import json
 import os
 import struct
-import subprocess
 import sys
 import tempfile
 import threading
@@ -42,6 +41,7 @@ from typing import Any
 import psutil
 
 from benchmarks._broker_http import post_bodies
+from benchmarks._floor_proc import floor_process
 from benchmarks.broker_bench import BATCH, _encode_batches
 from benchmarks.peers.workload import percentile
 from qclient import Consumer, LocalCluster
@@ -239,17 +239,11 @@ def bench_floor(rate: int, seconds: float) -> tuple[dict[str, Any], list[float]]
     """Received lateness of ``benchmarks._floor_pull`` at ``rate`` (see the module doc)."""
     total = int(rate * seconds)
     start = int(_now_ms()) + 1500
-    cmd = [sys.executable, "-m", "benchmarks._floor_pull", "--rate", str(rate)]
-    cmd += ["--seconds", str(seconds), "--start-ms", str(start)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE)
+    args = ["--rate", str(rate), "--seconds", str(seconds), "--start-ms", str(start)]
     lateness: list[float] = []
-    try:
-        assert proc.stdout is not None
-        port = int(proc.stdout.readline().strip() or 0)
-        if not port:
-            raise RuntimeError(f"the pull floor server did not start (exit {proc.poll()})")
+    with floor_process("benchmarks._floor_pull", *args) as (port, pid):
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-        server = psutil.Process(proc.pid)
+        server = psutil.Process(pid)
         with _harness_heap_frozen():
             server_cpu, client_cpu = sum(server.cpu_times()[:2]), time.process_time()
             deadline = time.monotonic() + seconds + 20
@@ -261,9 +255,6 @@ def bench_floor(rate: int, seconds: float) -> tuple[dict[str, Any], list[float]]
             server_cpu = sum(server.cpu_times()[:2]) - server_cpu
             client_cpu = time.process_time() - client_cpu
         conn.close()
-    finally:
-        proc.kill()
-        proc.wait(10)
     s = sorted(lateness)
     res = {
         "due_rate_msgs_per_s": rate,

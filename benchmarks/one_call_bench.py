@@ -30,7 +30,6 @@ import json
 import logging
 import os
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -41,6 +40,7 @@ from typing import Any
 
 import psutil
 
+from benchmarks._floor_proc import floor_process
 from qclient import AsyncProducer, LocalCluster, Message, Producer
 from qclient.protocol import wire
 
@@ -141,17 +141,8 @@ def bare_client(addr: str, pid: int, per_request: int, n: int, seconds: float) -
 @contextlib.contextmanager
 def floor_server(directory: str, *flags: str) -> Iterator[tuple[str, int]]:
     """``(addr, pid)`` of a running ``benchmarks._floor_server``, stopped on exit."""
-    cmd = [sys.executable, "-m", "benchmarks._floor_server", "--dir", directory, *flags]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE)
-    try:
-        assert proc.stdout is not None
-        port = proc.stdout.readline().strip()
-        if not port:
-            raise RuntimeError(f"the floor server did not start (exit {proc.poll()})")
-        yield f"http://127.0.0.1:{int(port)}", proc.pid
-    finally:
-        proc.kill()
-        proc.wait(10)
+    with floor_process("benchmarks._floor_server", "--dir", directory, *flags) as (port, pid):
+        yield f"http://127.0.0.1:{port}", pid
 
 
 def _inline(p: Producer) -> None:

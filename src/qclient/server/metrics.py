@@ -111,9 +111,10 @@ class RequestMetrics:
     is counted as endpoint ``other``."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        self._durations = durations = _RequestDurations()
-        registry.register(durations)
-        self._endpoint = endpoint = _Endpoints(_protocol_routes())
+        self._durations = _RequestDurations()
+        registry.register(self._durations)
+        self._endpoint = _Endpoints(_protocol_routes())
+        observe = self.observe
 
         async def middleware(request: Any, handler: Any) -> Any:
             """Errors raised by inner handlers count with their status (500 if none)."""
@@ -131,10 +132,7 @@ class RequestMetrics:
                 raise
             finally:
                 if status:
-                    method = request.method if request.method in _METHODS else "other"
-                    durations.observe(
-                        (endpoint(request.path), method, status), time.perf_counter() - start
-                    )
+                    observe(request.path, request.method, status, time.perf_counter() - start)
 
         self.middleware = middleware
 

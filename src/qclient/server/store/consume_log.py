@@ -28,8 +28,6 @@ import threading
 from collections.abc import Iterable
 from pathlib import Path
 
-import msgspec
-
 from qclient.server.store import record as rec
 from qclient.server.store._files import check_name, check_queue_id, fsync_dir, write_all
 from qclient.server.store.types import FiredMessage
@@ -43,35 +41,12 @@ _RECENT_SPAN_MS = 5_000
 # (consumers that keep up read within milliseconds of the fire: at 20k fired msgs/s of
 # ~200 bytes this is seconds of them); older offsets are read from the files
 KEPT_BYTES = 32 << 20
-_REST = rec.REST
-_PRE_SIZE = rec.PRE.size
-_HEADER_SIZE = rec.HEADER_SIZE
-_NONE16 = 0xFFFF  # an absent key or tags (record.py's encoding)
-_NONE32 = 0xFFFFFFFF  # absent properties
-_dec_props = msgspec.msgpack.Decoder(dict[str, str])
 
 
 def _from_memory(data: bytes, topic: str, queue_id: int, offset: int) -> FiredMessage:
-    """The message of a consume-log record this process built from a message record whose
-    CRC it checked, and kept in memory since: its topic and queue are the queue's own, and
-    its CRC is not checked again (decoding is the pull path's largest cost per message)."""
-    (_k, flag, _q, _r, deliver, fired, _o, _ref, lm, lt, lk, lg, lp, lb) = _REST.unpack_from(
-        data, _PRE_SIZE
-    )
-    p = _HEADER_SIZE
-    msg_id = data[p : p + lm].decode()
-    p += lm + lt
-    key = tags = props = None
-    if lk != _NONE16:
-        key = data[p : p + lk].decode()
-        p += lk
-    if lg != _NONE16:
-        tags = data[p : p + lg].decode()
-        p += lg
-    if lp != _NONE32:
-        props = _dec_props.decode(data[p : p + lp])
-        p += lp
-    body = data[p : p + lb]
+    """The message of a consume-log record kept in memory since this process built it
+    (its topic and queue are the queue's own)."""
+    msg_id, key, tags, props, body, deliver, fired, flag = rec.trusted_fields(data)
     return FiredMessage(
         msg_id, topic, queue_id, offset, body, key, tags, props, deliver, fired, flag
     )
@@ -314,7 +289,7 @@ class ConsumeQueue:
                     _from_memory(b, self.topic, self.queue_id, offset + i)
                     for i, b in enumerate(mem)
                 ]
-            except (struct.error, UnicodeDecodeError, msgspec.DecodeError):
+            except rec.CorruptRecord:
                 pass  # not expected; the file's path checks, reports and skips the record
         return [
             FiredMessage(
