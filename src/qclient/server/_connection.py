@@ -268,37 +268,30 @@ class Connection(asyncio.Protocol):
                 raise self._error(400, "malformed request target") from None
             raw_path, query = parsed.path or b"/", parsed.query or b""
         body = self._body
+        data = body[0] if len(body) == 1 else b"".join(body)
+        content_type = media_type_of(self._content_type)
+        keep_alive = parser.should_keep_alive()
+        idle = self._task is None and not self._pending and not self._write_paused
         direct = self._app.direct
-        if (
-            direct
-            and self._task is None
-            and not self._pending
-            and not self._write_paused
-            and not self._closing
-        ):
+        if direct and idle and not self._closing:
             handler = direct.get((parser.get_method(), raw_path))
             if handler is not None:
-                keep_alive = parser.should_keep_alive()
-                content_type = media_type_of(self._content_type)
                 self._reset()
-                self._direct(
-                    handler, body[0] if len(body) == 1 else b"".join(body), content_type, keep_alive
-                )
+                self._direct(handler, data, content_type, keep_alive)
                 return
         request = Request(
             parser.get_method().decode("latin-1"),
             raw_path.decode("latin-1"),
             query.decode("latin-1"),
             self._headers,
-            body[0] if len(body) == 1 else b"".join(body),
+            data,
             self._app,
             version=parser.get_http_version(),
             remote=self._remote,
-            content_type=media_type_of(self._content_type),
+            content_type=content_type,
         )
-        keep_alive = parser.should_keep_alive()
         self._reset()
-        if self._task is None and not self._pending and not self._write_paused:
+        if idle:
             self._start(request, keep_alive)
         else:
             self._pending.append((request, keep_alive))

@@ -75,15 +75,9 @@ class LoopCommitter:
         iteration: a small submit with no group forming is committed at once and its
         results returned; None: not now, :meth:`submit` it. Raises what
         ``DelayStore.store_now`` raises."""
-        if self._waiting or self._later or self._on_thread or len(msgs) > self._inline_max:
+        if not self._alone(len(msgs)):
             return None
-        return self._store.store_now(
-            msgs,
-            validated=True,
-            topics=topics,
-            refuse_after_ms=refuse_after_ms,
-            deliver_ats=deliver_ats,
-        )
+        return self._store_now(msgs, topics, refuse_after_ms, deliver_ats)
 
     def submit(
         self,
@@ -94,14 +88,7 @@ class LoopCommitter:
     ) -> _Waiter:
         """Queue validated messages (see ``DelayStore.submit``); the future completes when
         they are durable. Raises what ``DelayStore.submit`` raises."""
-        done = self._store.submit(
-            msgs,
-            validated=True,
-            topics=topics,
-            defer=True,
-            refuse_after_ms=refuse_after_ms,
-            deliver_ats=deliver_ats,
-        )
+        done = self._submit_deferred(msgs, topics, refuse_after_ms, deliver_ats)
         fut: _Waiter = self._loop.create_future()
         if done.done():  # nothing to write (every message a duplicate)
             _copy(fut, done)
@@ -128,43 +115,71 @@ class LoopCommitter:
         self._later.append((msgs, topics, refuse_after_ms, done, deliver_ats))
         self._messages += len(msgs)
 
+    def _alone(self, messages: int) -> bool:
+        """No other send is queued in this iteration or on the committer thread, and
+        ``messages`` is few enough to commit on the loop thread."""
+        return (
+            not self._waiting
+            and not self._later
+            and not self._on_thread
+            and messages <= self._inline_max
+        )
+
+    def _store_now(
+        self,
+        msgs: _Messages,
+        topics: Iterable[str] | None,
+        refuse_after_ms: int | None,
+        deliver_ats: list[int] | None,
+    ) -> list[StoreResult]:
+        return self._store.store_now(
+            msgs,
+            validated=True,
+            topics=topics,
+            refuse_after_ms=refuse_after_ms,
+            deliver_ats=deliver_ats,
+        )
+
+    def _submit_deferred(
+        self,
+        msgs: _Messages,
+        topics: Iterable[str] | None,
+        refuse_after_ms: int | None,
+        deliver_ats: list[int] | None,
+    ) -> _Done:
+        return self._store.submit(
+            msgs,
+            validated=True,
+            topics=topics,
+            defer=True,
+            refuse_after_ms=refuse_after_ms,
+            deliver_ats=deliver_ats,
+        )
+
     def _flush(self) -> None:
         later, self._later = self._later, []
         waiting, self._waiting = self._waiting, []
         messages, self._messages = self._messages, 0
-        if len(later) == 1 and not waiting and messages <= self._inline_max and not self._on_thread:
+        if len(later) == 1 and not waiting and self._alone(messages):
             # the only send of its iteration: stored in one pass, on this thread
             msgs, topics, refuse_after, answer, ats = later[0]
             outcome: Outcome
             try:
-                outcome = self._store.store_now(
-                    msgs,
-                    validated=True,
-                    topics=topics,
-                    refuse_after_ms=refuse_after,
-                    deliver_ats=ats,
-                )
+                outcome = self._store_now(msgs, topics, refuse_after, ats)
             except Exception as exc:
                 outcome = exc
             answer(outcome)
             return
         for msgs, topics, refuse_after, answer, ats in later:
             try:
-                submitted = self._store.submit(
-                    msgs,
-                    validated=True,
-                    topics=topics,
-                    defer=True,
-                    refuse_after_ms=refuse_after,
-                    deliver_ats=ats,
-                )
+                submitted = self._submit_deferred(msgs, topics, refuse_after, ats)
             except Exception as exc:
                 answer(exc)
                 continue
             waiting.append((submitted, partial(_deliver, answer)))
         if not waiting:
             return
-        if len(waiting) == 1 and messages <= self._inline_max and not self._on_thread:
+        if len(waiting) == 1 and self._alone(messages):
             self._store.commit_pending()
         else:
             self._store.wake_committer()
