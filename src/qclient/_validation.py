@@ -7,7 +7,7 @@ import re
 import time
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from itertools import repeat
 from typing import Any
 
@@ -19,7 +19,14 @@ from .protocol import wire as proto
 from .protocol.limits import MAX_MSG_ID_CHARS, Rule, check_row
 from .protocol.wire import FLAG_COMPRESSED, TOPIC_RE, WireMessage
 
-__all__ = ["WireBuilder", "delay_to_ms", "deliver_at_to_ms", "message_to_wire", "to_wire"]
+__all__ = [
+    "WireBuilder",
+    "delay_to_ms",
+    "deliver_at_to_ms",
+    "message_to_wire",
+    "seconds_to_ms",
+    "to_wire",
+]
 
 _match_topic = TOPIC_RE.match
 _match_msg_id = proto.MSG_ID_RE.match
@@ -51,6 +58,19 @@ _ERRORS = {
 }
 
 
+#: a float's own error in ``seconds * 1000`` is far below this: not rounded up (1.1 s is
+#: 1100 ms, not 1101)
+_FLOAT_SLACK_MS = 0.001
+_MICROSECOND = timedelta(microseconds=1)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def seconds_to_ms(seconds: float) -> int:
+    """Seconds as whole milliseconds, rounded up: a message is never due before the time
+    asked (rounding to the nearest could make it due up to half a millisecond early)."""
+    return math.ceil(seconds * 1000 - _FLOAT_SLACK_MS)
+
+
 def delay_to_ms(delay: Any, max_delay_ms: int) -> int:
     """A relative delay (seconds as a number, or a timedelta) in ms, checked."""
     if isinstance(delay, timedelta):
@@ -63,7 +83,10 @@ def delay_to_ms(delay: Any, max_delay_ms: int) -> int:
         )
     if math.isnan(seconds) or seconds < 0:
         raise InvalidMessageError(f"delay must be >= 0, got {delay!r}")
-    ms = round(seconds * 1000)
+    if isinstance(delay, timedelta):  # whole µs: rounded up exactly, no float slack
+        ms = -(-(delay // _MICROSECOND) // 1000)
+    else:
+        ms = seconds_to_ms(seconds)
     if ms > max_delay_ms:
         raise InvalidMessageError(
             f"delay {seconds:.0f}s is beyond the maximum delay of {max_delay_ms // 1000}s"
@@ -78,11 +101,11 @@ def deliver_at_to_ms(deliver_at: Any, max_delay_ms: int, now_ms: int | None = No
             raise InvalidMessageError(
                 "deliver_at must be a timezone-aware datetime (naive times are ambiguous)"
             )
-        ms = round(deliver_at.timestamp() * 1000)
+        ms = -(-((deliver_at - _EPOCH) // _MICROSECOND) // 1000)  # whole µs: exact
     elif isinstance(deliver_at, int | float) and not isinstance(deliver_at, bool):
         if math.isnan(deliver_at) or math.isinf(deliver_at):
             raise InvalidMessageError(f"deliver_at must be finite, got {deliver_at!r}")
-        ms = round(deliver_at * 1000)
+        ms = seconds_to_ms(deliver_at)
     else:
         raise InvalidMessageError(
             "deliver_at must be an aware datetime or epoch seconds, "
@@ -259,14 +282,14 @@ class WireBuilder:
                 if deliver_at is not None or (t is not int and t is not float):
                     ok = False
                 elif delay >= 0:  # NaN fails this too
-                    delay_ms = round(delay * 1000) if t is float else delay * 1000
+                    delay_ms = seconds_to_ms(delay) if t is float else delay * 1000
                     ok = delay_ms <= self.max_delay_ms
                 else:
                     ok = False
             elif deliver_at is not None:
                 t = type(deliver_at)
                 if (t is int or t is float) and 0 <= deliver_at < _DELIVER_AT_SANE:
-                    deliver_at_ms = round(deliver_at * 1000)
+                    deliver_at_ms = seconds_to_ms(deliver_at)
                     now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
                     ok = deliver_at_ms - now <= self.max_delay_ms
                 else:

@@ -8,15 +8,25 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from qclient._config import ProducerConfig
 from qclient._ids import new_msg_id
-from qclient._validation import to_wire
+from qclient._validation import seconds_to_ms, to_wire
 from qclient.errors import InvalidMessageError, MessageTooLargeError
 from qclient.protocol.wire import FLAG_COMPRESSED
 from qclient.transport import Credentials
 
 CFG = ProducerConfig.create("127.0.0.1:1", max_message_size=1000, compress_threshold=100)
+
+
+@settings(max_examples=500)
+@given(st.integers(0, 40 * 86_400_000), st.integers(2, 999))
+def test_seconds_to_ms_rounds_up_and_keeps_whole_ms(ms: int, micros: int) -> None:
+    """Whole ms written as seconds stay those ms; over a µs more is a ms more."""
+    assert seconds_to_ms(ms / 1000) == ms
+    assert seconds_to_ms((ms * 1000 + micros) / 1e6) == ms + 1
 
 
 @pytest.mark.parametrize("topic", ["", "a b", "a/b", "x" * 128, "é", None, "orders\n"])
@@ -40,6 +50,10 @@ def test_body_too_large_and_str_body() -> None:
 
 def test_delays() -> None:
     assert to_wire(CFG, "t", b"", delay=1.5).delay_ms == 1500
+    # rounded up to whole ms (never due early), but not a float's own error: 1.1 s is 1100
+    assert to_wire(CFG, "t", b"", delay=0.0011).delay_ms == 2
+    assert to_wire(CFG, "t", b"", delay=1.1).delay_ms == 1100
+    assert to_wire(CFG, "t", b"", delay=timedelta(microseconds=1)).delay_ms == 1
     assert to_wire(CFG, "t", b"", delay=timedelta(minutes=1)).delay_ms == 60000
     w = to_wire(CFG, "t", b"")
     assert w.delay_ms is None and w.deliver_at_ms is None
@@ -52,11 +66,15 @@ def test_delays() -> None:
 
 
 def test_deliver_at() -> None:
-    at = datetime.now(UTC) + timedelta(hours=1)
-    assert to_wire(CFG, "t", b"", deliver_at=at).deliver_at_ms == round(at.timestamp() * 1000)
-    assert to_wire(CFG, "t", b"", deliver_at=at.timestamp()).deliver_at_ms == round(
-        at.timestamp() * 1000
+    at = (datetime.now(UTC) + timedelta(hours=1)).replace(microsecond=123_400)
+    at_ms = int(at.timestamp()) * 1000 + 124  # rounded up: never due before the time asked
+    assert to_wire(CFG, "t", b"", deliver_at=at).deliver_at_ms == at_ms
+    assert to_wire(CFG, "t", b"", deliver_at=at.timestamp()).deliver_at_ms == at_ms
+    assert to_wire(CFG, "t", b"", deliver_at=at.replace(microsecond=0)).deliver_at_ms == (
+        at_ms - 124
     )
+    just_after = at.replace(microsecond=1)  # a datetime's whole µs round up exactly
+    assert to_wire(CFG, "t", b"", deliver_at=just_after).deliver_at_ms == at_ms - 123
     with pytest.raises(InvalidMessageError, match="aware"):
         to_wire(CFG, "t", b"", deliver_at=datetime.now())
     with pytest.raises(InvalidMessageError, match="maximum delay"):

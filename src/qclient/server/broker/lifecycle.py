@@ -14,7 +14,7 @@ from typing import Any
 from ...protocol import wire
 from ...protocol.wire import ErrorCode
 from .._http import ApiError, read_body, reply
-from ..store import InvalidRecordError, StoreError, wall_clock_ms
+from ..store import InvalidRecordError, StoreError, accept_clock_ms
 
 __all__ = ["cancel", "lookup", "reschedule"]
 
@@ -67,7 +67,7 @@ async def cancel(request: Any) -> Any:
 async def reschedule(request: Any) -> Any:
     body = await read_body(request, wire.RescheduleRequest)
     broker = _target(request, body.topic, body.msg_id)
-    now = wall_clock_ms()
+    now = accept_clock_ms()
     max_delay = broker.config.max_delay_ms
     if (body.delay_ms is None) == (body.deliver_at_ms is None):
         raise ApiError(

@@ -36,7 +36,7 @@ from ..store import (
     StoreBusyError,
     StoreError,
     StoreResult,
-    wall_clock_ms,
+    accept_clock_ms,
 )
 from .checks import MessageChecks
 from .commit import LoopCommitter, Outcome
@@ -184,7 +184,7 @@ class SendHandlers:
                 ErrorCode.BATCH_TOO_LARGE,
                 f"{count} messages in one request, the limit is {self.config.max_batch_messages}",
             )
-        now = wall_clock_ms()
+        now = accept_clock_ms()
         deadline = body.deadline_ms
         if expired(deadline, now):
             self.counters["deadline_refusals"] += 1

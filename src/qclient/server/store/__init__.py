@@ -1,6 +1,6 @@
 """The delay broker's durable storage engine (docs/STORAGE.md is the map)."""
 
-from qclient.server.store.store import DelayStore, wall_clock_ms
+from qclient.server.store.store import DelayStore, accept_clock_ms, wall_clock_ms
 from qclient.server.store.types import (
     CancelOutcome,
     DeadlineExceededError,
@@ -30,5 +30,6 @@ __all__ = [
     "StoreConfig",
     "StoreError",
     "StoreResult",
+    "accept_clock_ms",
     "wall_clock_ms",
 ]

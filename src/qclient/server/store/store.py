@@ -72,6 +72,13 @@ def wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def accept_clock_ms() -> int:
+    """Milliseconds since the epoch, rounded up: the base a relative delay is added to.
+    Rounded down, ``now + delay_ms`` could fall up to 1 ms before the moment the broker
+    accepted the message plus its delay, and it would be visible early."""
+    return -(-time.time_ns() // 1_000_000)
+
+
 class DelayStore:
     """Durable store of delayed messages that fires each at its time (see docs/STORAGE.md).
 
