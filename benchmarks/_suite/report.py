@@ -10,7 +10,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-__all__ = ["flatten", "peers_table", "targets_table", "write_report"]
+__all__ = ["flatten", "peers_table", "rebalance_table", "targets_table", "write_report"]
 
 #: keys that hold bulk data for plots, not numbers for tables
 BULK_KEYS = {
@@ -135,6 +135,45 @@ def peers_table(rows: list[dict[str, Any]]) -> str:
             "early",
             "lost",
             "kill -9: survived",
+        ],
+        body,
+    )
+
+
+def rebalance_table(phases: list[dict[str, Any]]) -> str:
+    """rebalance_bench: per phase, how soon the queues that changed hands were consumed
+    again, and what came twice."""
+    body = []
+    for r in phases:
+        tk = r.get("takeover") or {}
+        body.append(
+            [
+                r.get("name"),
+                r.get("session_timeout_s"),
+                tk.get("queues"),
+                tk.get("p50_s"),
+                tk.get("all_s"),
+                r.get("assigned_s"),
+                r.get("redelivered"),
+                r.get("uncommitted_at_death"),
+                r.get("lost"),
+                r.get("early"),
+                r.get("duplicates"),
+            ]
+        )
+    return _table(
+        [
+            "phase",
+            "session_timeout s",
+            "queues moved",
+            "consumed again p50 s",
+            "all s",
+            "assigned s",
+            "redelivered",
+            "uncommitted at death",
+            "lost",
+            "early",
+            "duplicates",
         ],
         body,
     )
@@ -270,6 +309,24 @@ def write_report(results: Mapping[str, Any], out_dir: Path) -> Path:
             if parts:
                 notes.append(f"`{r['peer']}` lateness split: " + "; ".join(parts))
         md += [f"- {n}" for n in notes] + ([""] if notes else [])
+    rebalance = scen.get("rebalance_bench", {}).get("result") or {}
+    if rebalance.get("phases"):
+        md += [
+            "## Consumer-group rebalance",
+            "",
+            f"{rebalance.get('members')} members (child processes) of one group on "
+            f"{rebalance.get('queues')} queues over 2 brokers, "
+            f"{_fmt(rebalance.get('due_rate_msgs_per_s'))} msgs/s coming due throughout. "
+            "Consumed again = from the SIGKILL / the close() call / the joiner's start to the "
+            "first message a member receives from each queue that changed hands (p50 over "
+            "those queues; all = the last); assigned = when the assignments first covered "
+            "them. Redelivered = what the member that left had received and another received "
+            "again; uncommitted at death = what it had received past the offsets its consumer "
+            "recorded as committed (an upper bound).",
+            "",
+            rebalance_table(rebalance["phases"]),
+            "",
+        ]
     tt = targets_table(results)
     md += ["## Targets", "", tt or "No scenario reported `targets` in this run.", ""]
     md += ["## Plots", ""]

@@ -257,3 +257,25 @@ def test_merge_keeps_earlier_results(tmp_path: Path) -> None:
     assert set(results["scenarios"]) == {"first", "second"}
     assert results["scenarios"]["first"]["from_earlier_run"]
     assert "from_earlier_run" not in results["scenarios"]["second"]
+
+
+def test_report_rebalance_section(tmp_path: Path) -> None:
+    """rebalance_bench's phases get their own table in REPORT.md."""
+    from benchmarks._suite.report import write_report
+
+    phase = {
+        "name": "kill @6s",
+        "session_timeout_s": 6.0,
+        "takeover": {"queues": 6, "p50_s": 7.1, "all_s": 7.2},
+        "assigned_s": 7.0,
+        "redelivered": 3,
+        "uncommitted_at_death": 4,
+        "lost": 0,
+        "early": 0,
+        "duplicates": 3,
+    }
+    result = {"members": 3, "queues": 16, "due_rate_msgs_per_s": 1000.0, "phases": [phase]}
+    results = {"smoke": True, "scenarios": {"rebalance_bench": {"status": "ok", "result": result}}}
+    text = write_report(results, tmp_path).read_text()
+    assert "## Consumer-group rebalance" in text
+    assert "| kill @6s | 6 | 6 | 7.1 | 7.2 | 7 | 3 | 4 | 0 | 0 | 3 |" in text
