@@ -1,7 +1,8 @@
 """Rebalance benchmark: how soon a consumer group consumes a member's queues again after
 the member is killed, closes or joins, and what comes twice.
 
-    python -m benchmarks.rebalance_bench [--rate 1000] [--sessions 6,2] [--json] [--smoke]
+    python -m benchmarks.rebalance_bench [--rate 1000] [--sessions 6,2] [--repeat 3]
+        [--json] [--smoke]
 
 A real ``LocalCluster`` (2 brokers, a topic of 8 queues on each), one group of 3 members,
 each a child process (``benchmarks/_rebalance_member.py``) printing every message it
@@ -9,20 +10,27 @@ receives with the time, the queues it holds and its commits. Once the members sh
 16 queues, ``--rate`` msgs/s are scheduled ahead to come due evenly for the whole phase,
 so messages keep coming due on every queue. Phases, each on its own topic:
 
-1. kill (once per ``--sessions`` value, the members' ``session_timeout``): one member is
-   SIGKILLed mid-stream. Takeover = from the SIGKILL to the first message a surviving
-   member receives from each queue the dead one held (per queue p50 / max; the max is
-   "all its queues consumed again"); beside it, when the survivors' assignments first
-   covered those queues. Redelivered = messages the dead member received that a survivor
-   received again, against what it held uncommitted at its death (received at or past
-   the last offset its consumer recorded as committed: an upper bound).
-2. close: one member calls ``close()`` mid-stream (between two polls). Takeover from the
-   call and from its return; redelivered (a clean close commits: none).
+1. kill (once per ``--sessions`` value, the members' ``session_timeout``): a member (the
+   middle one by client id, so both others take some of its queues) is SIGKILLed
+   mid-stream, at a random point (``--seed``) of the members' heartbeat cycle. Takeover =
+   from the SIGKILL to the first message a surviving member receives from each queue the
+   dead one held (per queue p50 / max; the max is "all its queues consumed again");
+   beside it, when the survivors' assignments first covered those queues. Redelivered =
+   messages the dead member received that a survivor received again, against what it
+   held uncommitted at its death (received at or past the last offset its consumer
+   recorded as committed: an upper bound).
+2. close: a member (chosen the same way) calls ``close()`` mid-stream, between two polls.
+   Takeover from the call and from its return; redelivered (a clean close commits: none).
 3. join: a 4th member starts mid-stream: from its consumer's creation to its first
    message and to every queue of its share consumed; the duplicates it caused.
 
-Every phase: lost (scheduled, never received), early (received before ``deliver_at``),
-duplicates (receipts past the first of each message).
+Every phase (``--repeat`` rounds of them all): lost (scheduled, never received), early
+(received before ``deliver_at``), duplicates (receipts past the first of each message).
+
+What to expect: a killed member's leases run out ``session_timeout`` after its last pull,
+and the others see it gone at their next heartbeat (every third of it), so a kill's
+takeover is the lease plus up to a heartbeat interval; a closed member is gone at once,
+and the others see that at their next heartbeat: up to a heartbeat interval.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ import contextlib
 import inspect
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -281,25 +290,38 @@ def _uncommitted(member: Member) -> set[str]:
 
 
 def run_phase(
-    cluster: LocalCluster, kind: str, session_s: float, rate: float, pre_s: float, post_s: float
+    cluster: LocalCluster,
+    kind: str,
+    session_s: float,
+    rate: float,
+    pre_s: float,
+    post_s: float,
+    round_no: int = 1,
+    rng: random.Random | None = None,
 ) -> dict[str, Any]:
     """One phase (``kill``, ``close`` or ``join``) on a topic of its own."""
-    topic = f"rebal-{kind}-{int(session_s * 1000)}"
+    topic = f"rebal-{kind}-{int(session_s * 1000)}-{round_no}"
     queues = create_topic(cluster, topic)
     members: list[Member] = []
     try:
         members = [Member.start(cluster.namesrv, topic, session_s) for _ in range(MEMBERS)]
         _wait(lambda: converged(members, queues), 30, f"{MEMBERS} members to share the queues")
         # kill: the stream goes on past the lease, then long enough to see it consumed
-        seconds = pre_s + (session_s if kind == "kill" else 0) + post_s
+        seconds = pre_s + session_s / 3 + (session_s if kind == "kill" else 0) + post_s
         scheduled, first_ms = schedule(cluster.namesrv, topic, rate, seconds)
         last_ms = max(scheduled.values())
-        subject = members[0]
-        event_at = _mono_at(first_ms + pre_s * 1000)
+        # the middle one of the sorted members: its queues are split over both others
+        subject = sorted(members, key=lambda m: m.client_id)[MEMBERS // 2]
+        # at a random point of the members' heartbeat cycle (every third of the lease):
+        # the takeover waits for the others' next heartbeat, and a fixed event time would
+        # land on the same point of that cycle in every run
+        jitter = (rng or random.Random()).uniform(0, session_s / 3)
+        event_at = _mono_at(first_ms + (pre_s + jitter) * 1000)
         _wait(lambda: time.monotonic() >= event_at, seconds + 10, "the event's time")
         _wait(lambda: len(subject.receipts) > 0, 10, "the member to receive")
-        res: dict[str, Any] = {"name": f"{kind} @{session_s:g}s", "session_timeout_s": session_s}
-        survivors = members[1:]
+        name = f"{kind} @{session_s:g}s" + (f" #{round_no}" if round_no > 1 else "")
+        res: dict[str, Any] = {"name": name, "session_timeout_s": session_s}
+        survivors = [m for m in members if m is not subject]
         if kind == "kill":
             held = subject.held()
             t0 = subject.kill()
@@ -402,15 +424,24 @@ def targets(phases: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def run(
-    rate: float, sessions: list[float], pre_s: float, post_s: float, join: bool
+    rate: float,
+    sessions: list[float],
+    pre_s: float,
+    post_s: float,
+    join: bool,
+    repeat: int,
+    seed: int,
 ) -> dict[str, Any]:
+    rng = random.Random(seed)
     plan = [("kill", s) for s in sessions] + [("close", DEFAULT_SESSION_S)]
     if join:
         plan.append(("join", DEFAULT_SESSION_S))
     phases = []
     with LocalCluster(brokers=2) as cluster:
-        for kind, session_s in plan:
-            r = run_phase(cluster, kind, session_s, rate, pre_s, post_s)
+        for round_no, (kind, session_s) in (
+            (i, step) for i in range(1, repeat + 1) for step in plan
+        ):
+            r = run_phase(cluster, kind, session_s, rate, pre_s, post_s, round_no, rng)
             print(_line(r), file=sys.stderr)
             phases.append(r)
     return {
@@ -444,17 +475,20 @@ def main() -> None:
     p.add_argument("--pre", type=float, default=3.0, help="s of stream before the event")
     p.add_argument("--post", type=float, default=5.0, help="s of stream after it (plus the lease)")
     p.add_argument("--no-join", action="store_true", help="skip the join phase")
+    p.add_argument("--repeat", type=int, default=3, help="rounds of every phase")
+    p.add_argument("--seed", type=int, default=7, help="of the events' points in time")
     p.add_argument("--smoke", action="store_true", help="tiny run: one short kill, a close")
     p.add_argument("--json", action="store_true", help="print one JSON object last")
     a = p.parse_args()
     sessions = [float(s) for s in a.sessions.split(",") if s]
     join = not a.no_join
     if a.smoke:
-        a.rate, sessions, a.pre, a.post, join = 300.0, [1.5], 1.0, 1.5, False
+        a.rate, sessions, a.pre, a.post, join, a.repeat = 300.0, [1.5], 1.0, 1.5, False, 1
     # SIGTERM (the runner's time limit) unwinds the members and the cluster
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     t = time.monotonic()
-    res = run(a.rate, sessions, a.pre, a.post, join)
+    res = run(a.rate, sessions, a.pre, a.post, join, max(1, a.repeat), a.seed)
+    res["seed"] = a.seed
     res["run_s"] = round(time.monotonic() - t, 1)
     print(json.dumps(res) if a.json else json.dumps(res, indent=1))
 
