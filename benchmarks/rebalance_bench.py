@@ -426,6 +426,7 @@ def targets(phases: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def run(
     rate: float,
     sessions: list[float],
+    other_session: float,
     pre_s: float,
     post_s: float,
     join: bool,
@@ -433,9 +434,9 @@ def run(
     seed: int,
 ) -> dict[str, Any]:
     rng = random.Random(seed)
-    plan = [("kill", s) for s in sessions] + [("close", DEFAULT_SESSION_S)]
+    plan = [("kill", s) for s in sessions] + [("close", other_session)]
     if join:
-        plan.append(("join", DEFAULT_SESSION_S))
+        plan.append(("join", other_session))
     phases = []
     with LocalCluster(brokers=2) as cluster:
         for round_no, (kind, session_s) in (
@@ -472,6 +473,12 @@ def main() -> None:
         default=f"{DEFAULT_SESSION_S:g},2",
         help="session_timeout values (s) of the kill phases, comma-separated",
     )
+    p.add_argument(
+        "--session",
+        type=float,
+        default=DEFAULT_SESSION_S,
+        help="session_timeout (s) of the close and join phases",
+    )
     p.add_argument("--pre", type=float, default=3.0, help="s of stream before the event")
     p.add_argument("--post", type=float, default=5.0, help="s of stream after it (plus the lease)")
     p.add_argument("--no-join", action="store_true", help="skip the join phase")
@@ -483,11 +490,12 @@ def main() -> None:
     sessions = [float(s) for s in a.sessions.split(",") if s]
     join = not a.no_join
     if a.smoke:
-        a.rate, sessions, a.pre, a.post, join, a.repeat = 300.0, [1.5], 1.0, 1.5, False, 1
+        a.rate, sessions, a.session, a.pre, a.post = 300.0, [1.5], 1.5, 1.0, 1.5
+        join, a.repeat = False, 1
     # SIGTERM (the runner's time limit) unwinds the members and the cluster
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     t = time.monotonic()
-    res = run(a.rate, sessions, a.pre, a.post, join, max(1, a.repeat), a.seed)
+    res = run(a.rate, sessions, a.session, a.pre, a.post, join, max(1, a.repeat), a.seed)
     res["seed"] = a.seed
     res["run_s"] = round(time.monotonic() - t, 1)
     print(json.dumps(res) if a.json else json.dumps(res, indent=1))
