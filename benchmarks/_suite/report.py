@@ -144,7 +144,7 @@ def rebalance_table(phases: list[dict[str, Any]]) -> str:
     """rebalance_bench: per phase, how soon the queues that changed hands were consumed
     again, and what came twice."""
     body = []
-    for r in phases:
+    for r in sorted(phases, key=lambda r: str(r.get("name"))):  # rounds of a kind together
         tk = r.get("takeover") or {}
         body.append(
             [
