@@ -69,7 +69,7 @@ SCENARIOS: list[Scenario] = [
     Scenario("http_stack_bench", "benchmarks.http_stack_bench", 300, smoke=False),
     Scenario("fsync_bench", "benchmarks.fsync_bench", 180, smoke=False),
     Scenario("consume_bench", "benchmarks.consume_bench", 300),
-    Scenario("rebalance_bench", "benchmarks.rebalance_bench", 420),
+    Scenario("rebalance_bench", "benchmarks.rebalance_bench", 600),
     Scenario("peers", "benchmarks.peers", 1200, smoke_timeout_s=120),
 ]
 
