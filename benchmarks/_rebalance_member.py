@@ -12,9 +12,12 @@ with SIGKILL, or asks it to ``close()``). It prints, flushed after each poll:
 - ``closing <mono_s>`` and ``closed <mono_s>`` around ``close()`` when ``close`` is
   read on stdin (between two polls, so everything returned was processed).
 
-``mono_s`` is ``time.monotonic()``: one clock for every process of the machine.
+``mono_s`` is ``time.monotonic()``: one clock for every process of the machine. After
+printing a batch it spends ``WORK_MS`` per message (a sleep) before the next poll, as an
+application processing what it received would: a member killed then still holds that
+batch uncommitted.
 
-    python -m benchmarks._rebalance_member NAMESRV TOPIC GROUP SESSION_S
+    python -m benchmarks._rebalance_member NAMESRV TOPIC GROUP SESSION_S [WORK_MS]
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ def _committed(consumer: Consumer) -> dict[tuple[str, int], int]:
 
 def main() -> None:
     namesrv, topic, group, session = sys.argv[1:5]
+    work_s = float(sys.argv[5]) / 1000 if len(sys.argv) > 5 else 0.0
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     close_asked = threading.Event()
 
@@ -89,6 +93,8 @@ def main() -> None:
             if lines:
                 out.write("\n".join(lines) + "\n")
                 out.flush()
+            if batch and work_s:
+                time.sleep(len(batch) * work_s)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,9 @@ the member is killed, closes or joins, and what comes twice.
 
 A real ``LocalCluster`` (2 brokers, a topic of 8 queues on each), one group of 3 members,
 each a child process (``benchmarks/_rebalance_member.py``) printing every message it
-receives with the time, the queues it holds and its commits. Once the members share the
+receives with the time, the queues it holds and its commits, and spending ``--work-ms``
+on each message before it polls again (an application's processing: what a killed member
+was processing is what it held uncommitted). Once the members share the
 16 queues, ``--rate`` msgs/s are scheduled ahead to come due evenly for the whole phase,
 so messages keep coming due on every queue. Phases, each on its own topic:
 
@@ -108,13 +110,13 @@ class Member:
     reader: threading.Thread | None = None
 
     @classmethod
-    def start(cls, namesrv: str, topic: str, session_s: float) -> Member:
+    def start(cls, namesrv: str, topic: str, session_s: float, work_ms: float) -> Member:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
         spawned = time.monotonic()
         proc = subprocess.Popen(
             [sys.executable, "-m", "benchmarks._rebalance_member", namesrv, topic, GROUP,
-             str(session_s)],
+             str(session_s), str(work_ms)],
             cwd=REPO,
             env=env,
             stdin=subprocess.PIPE,
@@ -298,13 +300,14 @@ def run_phase(
     post_s: float,
     round_no: int = 1,
     rng: random.Random | None = None,
+    work_ms: float = 0.0,
 ) -> dict[str, Any]:
     """One phase (``kill``, ``close`` or ``join``) on a topic of its own."""
     topic = f"rebal-{kind}-{int(session_s * 1000)}-{round_no}"
     queues = create_topic(cluster, topic)
     members: list[Member] = []
     try:
-        members = [Member.start(cluster.namesrv, topic, session_s) for _ in range(MEMBERS)]
+        members = [Member.start(cluster.namesrv, topic, session_s, work_ms) for _ in range(MEMBERS)]
         _wait(lambda: converged(members, queues), 30, f"{MEMBERS} members to share the queues")
         # kill: the stream goes on past the lease, then long enough to see it consumed
         seconds = pre_s + session_s / 3 + (session_s if kind == "kill" else 0) + post_s
@@ -333,7 +336,7 @@ def run_phase(
             res["close_call_s"] = round(subject.closed - subject.closing, 3)
         else:
             t0 = time.monotonic()
-            joiner = Member.start(cluster.namesrv, topic, session_s)
+            joiner = Member.start(cluster.namesrv, topic, session_s, work_ms)
             members.append(joiner)
             survivors = members
         end_by = _mono_at(last_ms) + session_s + 20
@@ -462,6 +465,7 @@ def run(
     rate: float,
     sessions: list[float],
     other_session: float,
+    work_ms: float,
     pre_s: float,
     post_s: float,
     join: bool,
@@ -477,13 +481,14 @@ def run(
         for round_no, (kind, session_s) in (
             (i, step) for i in range(1, repeat + 1) for step in plan
         ):
-            r = run_phase(cluster, kind, session_s, rate, pre_s, post_s, round_no, rng)
+            r = run_phase(cluster, kind, session_s, rate, pre_s, post_s, round_no, rng, work_ms)
             print(_line(r), file=sys.stderr)
             phases.append(r)
     summary = summarize(phases)
     return {
         "scenario": "rebalance",
         "due_rate_msgs_per_s": rate,
+        "work_ms_per_msg": work_ms,
         "queues": 2 * QUEUES,
         "members": MEMBERS,
         "summary": summary,
@@ -491,7 +496,8 @@ def run(
         "targets": targets(summary),
         "notes": [
             f"2 brokers x {QUEUES} queues, {MEMBERS} members (child processes) of one group, "
-            f"{rate:g} msgs/s coming due throughout each phase",
+            f"{rate:g} msgs/s coming due throughout each phase; each member spends "
+            f"{work_ms:g} ms on every message it receives before polling again",
             "takeover = from the SIGKILL / the close() call / the joiner's start to the first "
             "message a member receives from each queue that changed hands (p50 over those "
             "queues; all = the last of them); assigned = when the members' assignments first "
@@ -516,6 +522,7 @@ def main() -> None:
         default=DEFAULT_SESSION_S,
         help="session_timeout (s) of the close and join phases",
     )
+    p.add_argument("--work-ms", type=float, default=1.0, help="ms each member spends on a message")
     p.add_argument("--pre", type=float, default=3.0, help="s of stream before the event")
     p.add_argument("--post", type=float, default=5.0, help="s of stream after it (plus the lease)")
     p.add_argument("--no-join", action="store_true", help="skip the join phase")
@@ -532,7 +539,7 @@ def main() -> None:
     # SIGTERM (the runner's time limit) unwinds the members and the cluster
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     t = time.monotonic()
-    res = run(a.rate, sessions, a.session, a.pre, a.post, join, max(1, a.repeat), a.seed)
+    res = run(a.rate, sessions, a.session, a.work_ms, a.pre, a.post, join, max(1, a.repeat), a.seed)
     res["seed"] = a.seed
     res["run_s"] = round(time.monotonic() - t, 1)
     print(json.dumps(res) if a.json else json.dumps(res, indent=1))
