@@ -314,7 +314,8 @@ def write_report(results: Mapping[str, Any], out_dir: Path) -> Path:
         md += [
             "## Consumer-group rebalance",
             "",
-            f"{rebalance.get('members')} members (child processes) of one group on "
+            f"{rebalance.get('members')} members (child processes, each spending "
+            f"{_fmt(rebalance.get('work_ms_per_msg'))} ms on a message) of one group on "
             f"{rebalance.get('queues')} queues over 2 brokers, "
             f"{_fmt(rebalance.get('due_rate_msgs_per_s'))} msgs/s coming due throughout. "
             "Consumed again = from the SIGKILL / the close() call / the joiner's start to the "
