@@ -35,12 +35,6 @@ POLL_MAX = 256
 POLL_TIMEOUT_S = 0.2
 
 
-def _committed(consumer: Consumer) -> dict[tuple[str, int], int]:
-    """What the brokers acknowledged as committed, as the consumer recorded it (no public
-    accessor: the bench reads the record the consumer itself keeps)."""
-    return dict(consumer._committed)
-
-
 def main() -> None:
     namesrv, topic, group, session = sys.argv[1:5]
     work_s = float(sys.argv[5]) / 1000 if len(sys.argv) > 5 else 0.0
@@ -86,7 +80,7 @@ def main() -> None:
                 held = now_held
                 queues = ",".join(f"{b}:{q}" for b, q in held) or "-"
                 lines.append(f"A {mono:.6f} {queues}")
-            for key, off in _committed(consumer).items():
+            for key, off in consumer.committed().items():
                 if committed.get(key) != off:
                     committed[key] = off
                     lines.append(f"C {mono:.6f} {key[0]} {key[1]} {off}")

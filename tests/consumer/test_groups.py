@@ -235,11 +235,15 @@ def test_async_consumer_iterates(cluster):
 
     async def main() -> list[str]:
         got: list[str] = []
+        ends: dict[tuple[str, int], int] = {}
         async with AsyncConsumer(cluster.namesrv, "grpasync", "ga", session_timeout=SESSION) as c:
             async for m in c.messages(timeout=5.0):
                 got.append(m.msg_id)
+                ends[(m.broker_name, m.queue_id)] = m.offset + 1
                 if len(got) == len(ids):
                     break
+            await c.commit()
+            assert {k: c.committed()[k] for k in ends} == ends
         return got
 
     assert set(asyncio.run(main())) == ids
@@ -305,14 +309,20 @@ def test_explicit_commit(cluster):
 
     def take(n: int, commit: bool, wait: float = 15.0) -> list[str]:
         got: list[str] = []
+        ends: dict[tuple[str, int], int] = {}  # (broker, queue) -> next offset returned
         with Consumer(
             cluster.namesrv, "grpcommit", "gc", session_timeout=SESSION, auto_commit=False
         ) as c:
             deadline = time.monotonic() + wait
             while len(got) < n and time.monotonic() < deadline:
-                got += [m.msg_id for m in c.poll(n - len(got), timeout=0.5)]
+                for m in c.poll(n - len(got), timeout=0.5):
+                    got.append(m.msg_id)
+                    ends[(m.broker_name, m.queue_id)] = m.offset + 1
+            assert all(c.committed().get(k, 0) < end for k, end in ends.items())
             if commit:
                 c.commit()
+                # acknowledged by the brokers: what the next owner starts from
+                assert {k: c.committed()[k] for k in ends} == ends
         return got
 
     first = take(20, commit=False)

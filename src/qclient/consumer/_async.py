@@ -69,6 +69,9 @@ class AsyncConsumer:
     def assignment(self) -> list[tuple[str, int]]:
         return self._consumer.assignment()
 
+    def committed(self) -> dict[tuple[str, int], int]:
+        return self._consumer.committed()
+
     async def close(self) -> None:
         """Commit what was returned and leave the group. Idempotent."""
         if self._consumer.closed:

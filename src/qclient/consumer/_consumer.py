@@ -221,6 +221,13 @@ class Consumer:
         # no lock (a poll may hold it for its whole timeout): copies are atomic in CPython
         return sorted((b, q) for b, qs in dict(self._owned).items() for q in list(qs))
 
+    def committed(self) -> dict[tuple[str, int], int]:
+        """The next offset the brokers acknowledged as committed for this member, per
+        (broker name, queue id): what a new owner of the queue would start from. It moves
+        when the pull or heartbeat carrying a commit is answered, not when ``commit()``
+        or ``poll()`` is called."""
+        return dict(self._committed)  # no lock, as assignment(): the copy is atomic
+
     # --- requests -------------------------------------------------------------------
 
     def _request(
