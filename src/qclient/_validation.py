@@ -71,6 +71,11 @@ def seconds_to_ms(seconds: float) -> int:
     return math.ceil(seconds * 1000 - _FLOAT_SLACK_MS)
 
 
+def _timedelta_to_ms(td: timedelta) -> int:
+    """``seconds_to_ms`` of a timedelta, exactly: from its whole microseconds."""
+    return -(-(td // _MICROSECOND) // 1000)
+
+
 def delay_to_ms(delay: Any, max_delay_ms: int) -> int:
     """A relative delay (seconds as a number, or a timedelta) in ms, checked."""
     if isinstance(delay, timedelta):
@@ -83,10 +88,7 @@ def delay_to_ms(delay: Any, max_delay_ms: int) -> int:
         )
     if math.isnan(seconds) or seconds < 0:
         raise InvalidMessageError(f"delay must be >= 0, got {delay!r}")
-    if isinstance(delay, timedelta):  # whole µs: rounded up exactly, no float slack
-        ms = -(-(delay // _MICROSECOND) // 1000)
-    else:
-        ms = seconds_to_ms(seconds)
+    ms = _timedelta_to_ms(delay) if isinstance(delay, timedelta) else seconds_to_ms(seconds)
     if ms > max_delay_ms:
         raise InvalidMessageError(
             f"delay {seconds:.0f}s is beyond the maximum delay of {max_delay_ms // 1000}s"
@@ -101,7 +103,7 @@ def deliver_at_to_ms(deliver_at: Any, max_delay_ms: int, now_ms: int | None = No
             raise InvalidMessageError(
                 "deliver_at must be a timezone-aware datetime (naive times are ambiguous)"
             )
-        ms = -(-((deliver_at - _EPOCH) // _MICROSECOND) // 1000)  # whole µs: exact
+        ms = _timedelta_to_ms(deliver_at - _EPOCH)
     elif isinstance(deliver_at, int | float) and not isinstance(deliver_at, bool):
         if math.isnan(deliver_at) or math.isinf(deliver_at):
             raise InvalidMessageError(f"deliver_at must be finite, got {deliver_at!r}")
