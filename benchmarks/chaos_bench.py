@@ -47,6 +47,7 @@ from benchmarks._chaos import (
     summary,
 )
 from benchmarks._chaos_member import body_for
+from benchmarks._suite.report import target
 from qclient import AsyncProducer, Consumer, LocalCluster, Message, Producer
 from qclient.errors import QClientError
 from qclient.fault.strategy import id_owner
@@ -534,19 +535,19 @@ def main() -> None:
     tl = out.pop("timeline_data")
     out["chaos_timeline"] = {"chaos_bench": {**tl, "events": out.pop("events")}}
     out["targets"] = [
-        _target("lost", out["lost"], "== 0", out["lost"] == 0),
-        _target("early", out["early"], "== 0", out["early"] == 0),
-        _target("wrong content", out["wrong_content"], "== 0", out["wrong_content"] == 0),
-        _target(
+        target("lost", out["lost"], "== 0", out["lost"] == 0),
+        target("early", out["early"], "== 0", out["early"] == 0),
+        target("wrong content", out["wrong_content"], "== 0", out["wrong_content"] == 0),
+        target(
             "errors per broker kill", out["errors_per_kill"], "<= 2", out["errors_per_kill"] <= 2
         ),
-        _target(
+        target(
             "duplicates % of acknowledged",
             out["duplicates_pct"],
             "<= 0.1",
             out["duplicates_pct"] <= 0.1,
         ),
-        _target(
+        target(
             "duplicates due after the fault",
             out["duplicates_due_after_fault"],
             "== 0",
@@ -592,10 +593,6 @@ def headline(out: dict[str, Any]) -> str:
         f"errors per broker kill: {out['errors_per_kill']} ({per or 'none'}); "
         f"seed {out['seed']}"
     )
-
-
-def _target(name: str, value: float, target: str, met: bool) -> dict[str, Any]:
-    return {"name": name, "value": value, "target": target, "met": bool(met)}
 
 
 if __name__ == "__main__":

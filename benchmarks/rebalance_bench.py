@@ -56,6 +56,7 @@ from typing import Any
 
 import httpx
 
+from benchmarks._suite.report import target
 from benchmarks.peers.workload import percentile
 from qclient import Consumer, LocalCluster, MessageBatch, Producer
 from qclient.protocol import wire
@@ -392,10 +393,6 @@ def _line(r: dict[str, Any]) -> str:
     )
 
 
-def _target(name: str, value: Any, target: str, met: bool) -> dict[str, Any]:
-    return {"name": name, "value": value, "target": target, "met": bool(met)}
-
-
 def summarize(phases: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per kind of phase and session timeout, over its rounds: the takeover range and the
     sums (``all_s_max`` is ``None`` when a round left a queue unconsumed)."""
@@ -439,24 +436,24 @@ def targets(summary: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if r["kind"] == "kill":
             limit = r["session_timeout_s"] + 5
             out += [
-                _target(f"{name}: takeover, all its queues (s, {rounds})", worst,
+                target(f"{name}: takeover, all its queues (s, {rounds})", worst,
                         f"<= {limit:g}", worst is not None and worst <= limit),
-                _target(f"{name}: redelivered", r["redelivered"],
+                target(f"{name}: redelivered", r["redelivered"],
                         f"<= {r['uncommitted_at_death']} (uncommitted at death)",
                         r["every_redelivered_was_uncommitted"]),
             ]  # fmt: skip
         elif r["kind"] == "close":
             out += [
-                _target(f"{name}: takeover, all its queues (s, {rounds})", worst, "<= 5",
+                target(f"{name}: takeover, all its queues (s, {rounds})", worst, "<= 5",
                         worst is not None and worst <= 5),
-                _target(f"{name}: redelivered", r["redelivered"], "== 0",
+                target(f"{name}: redelivered", r["redelivered"], "== 0",
                         r["redelivered"] == 0),
             ]  # fmt: skip
     lost = sum(r["lost"] for r in summary)
     early = sum(r["early"] for r in summary)
     out += [
-        _target("lost (every phase)", lost, "== 0", lost == 0),
-        _target("early (every phase)", early, "== 0", early == 0),
+        target("lost (every phase)", lost, "== 0", lost == 0),
+        target("early (every phase)", early, "== 0", early == 0),
     ]
     return out
 

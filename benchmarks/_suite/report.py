@@ -10,7 +10,14 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-__all__ = ["flatten", "peers_table", "rebalance_table", "targets_table", "write_report"]
+__all__ = [
+    "flatten",
+    "peers_table",
+    "rebalance_table",
+    "target",
+    "targets_table",
+    "write_report",
+]
 
 #: keys that hold bulk data for plots, not numbers for tables
 BULK_KEYS = {
@@ -24,6 +31,11 @@ BULK_KEYS = {
     "notes",
 }
 MAX_ROWS = 80
+
+
+def target(name: str, value: Any, wanted: str, met: bool) -> dict[str, Any]:
+    """One entry of a scenario's ``targets`` list, as the targets table reads it."""
+    return {"name": name, "value": value, "target": wanted, "met": bool(met)}
 
 
 def _fmt(v: Any) -> str:
