@@ -115,6 +115,10 @@ class LoopFiring:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        self._drop_wall()
+
+    def _drop_wall(self) -> None:
+        """Stop using the wall timer (the loop's timers serve from now on)."""
         if self._wall is not None:
             self._loop.remove_reader(self._wall.fd)
             self._wall.close()
@@ -145,9 +149,7 @@ class LoopFiring:
             return
         if delay <= 0:  # more due now: after the loop's other ready work
             self._timer = self._loop.call_at(self._loop.time(), self._run)
-        elif self._wall is not None and self._arm_wall(delay):
-            pass
-        else:
+        elif self._wall is None or not self._arm_wall(delay):
             # on the monotonic clock, not the loop's (uvloop's counts whole ms)
             self._timer = self._loop.call_at(time.monotonic() + delay, self._run)
 
@@ -162,9 +164,7 @@ class LoopFiring:
             self._wall.arm(at_ms * 1_000_000)
         except OSError:
             log.exception("timerfd failed; firing on the event loop's timers")
-            self._loop.remove_reader(self._wall.fd)
-            self._wall.close()
-            self._wall = None
+            self._drop_wall()
             return False
         return True
 
