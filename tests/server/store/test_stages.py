@@ -308,6 +308,11 @@ def test_retention_removes_a_fully_fired_bucket_and_keeps_its_dispatch_a_while(
 
 
 # ---------------------------------------------------------------- committer
+def _ats(msgs: list[NewMessage]) -> list[int]:
+    """The deliver times the store hands the committer with its messages."""
+    return [m.deliver_at_ms for m in msgs]
+
+
 def test_committer_back_pressure_and_duplicates(tmp_path: Path) -> None:
     st = Stages(tmp_path, max_pending_messages=3)
     committer = Committer(st.sh, st.replayer, lambda: None)
@@ -317,10 +322,14 @@ def test_committer_back_pressure_and_duplicates(tmp_path: Path) -> None:
         intake = Intake(st.sh.config)
         msgs = [NewMessage("t", 0, f"m{i}", b"x", NOW + 10**6) for i in range(4)]
         with pytest.raises(StoreBusyError):
-            committer.submit(msgs, intake.encode(msgs, NOW))
+            committer.submit(msgs, intake.encode(msgs, NOW), deliver_ats=_ats(msgs))
         assert committer.pending == 0
-        first = committer.submit(msgs[:2], intake.encode(msgs[:2], NOW)).result(10)
-        again = committer.submit(msgs[:2], intake.encode(msgs[:2], NOW)).result(10)
+        first = committer.submit(
+            msgs[:2], intake.encode(msgs[:2], NOW), deliver_ats=_ats(msgs[:2])
+        ).result(10)
+        again = committer.submit(
+            msgs[:2], intake.encode(msgs[:2], NOW), deliver_ats=_ats(msgs[:2])
+        ).result(10)
         assert [r.duplicate for r in first] == [False, False]
         assert [r.duplicate for r in again] == [True, True]
         assert committer.pending == 0 and committer.pending_bytes == 0

@@ -41,7 +41,6 @@ _SCHEDULING = rec.SCHEDULING_KINDS
 _MSG_ID = operator.attrgetter("msg_id")
 _DATA = operator.attrgetter("data")
 _DELIVER_AT = operator.attrgetter("deliver_at")
-_DELIVER_AT_MS = operator.attrgetter("deliver_at_ms")
 _HASH = operator.attrgetter("h")
 _POSITION = operator.attrgetter("position")
 #: what a submit takes: NewMessages, or messages given with their deliver times
@@ -72,15 +71,15 @@ class Committer:
         msgs: Sequence[_Message],
         datas: list[bytes],
         *,
+        deliver_ats: list[int],
         defer: bool = False,
         refuse_after_ms: int | None = None,
-        deliver_ats: list[int] | None = None,
     ) -> Future[list[StoreResult]]:
         """Queue the encoded records ``datas`` of ``msgs``, answering duplicates (in flight
         or in the dedupe table) with the original's result. ``defer``: do not wake the
         committer thread; the caller commits soon (:meth:`commit_pending`) or wakes it
         (:meth:`wake`). ``refuse_after_ms``: see ``DelayStore.submit``. ``deliver_ats``:
-        the messages' deliver times (None: their ``deliver_at_ms``)."""
+        the messages' deliver times."""
         batch = Batch(len(msgs))
         batch.refuse_after = refuse_after_ms
         self._queue_batch(batch, msgs, datas, defer, deliver_ats)
@@ -90,15 +89,13 @@ class Committer:
         self,
         msgs: Sequence[_Message],
         datas: list[bytes],
+        deliver_ats: list[int],
         refuse_after_ms: int | None = None,
-        deliver_ats: list[int] | None = None,
     ) -> list[StoreResult]:
         """:meth:`submit` and :meth:`commit_pending` on the calling thread in one: the
         results once durable; raises what submit raises, or the group's error."""
         if len(msgs) == 1:
-            m = msgs[0]
-            at = m.deliver_at_ms if deliver_ats is None else deliver_ats[0]  # type: ignore[union-attr]
-            one = self._store_one(m, at, datas[0], refuse_after_ms)
+            one = self._store_one(msgs[0], deliver_ats[0], datas[0], refuse_after_ms)
             if one is not None:
                 return one
         batch = NowBatch(len(msgs))
@@ -215,7 +212,7 @@ class Committer:
         msgs: Sequence[_Message],
         datas: list[bytes],
         defer: bool,
-        deliver_ats: list[int] | None = None,
+        deliver_ats: list[int],
     ) -> None:
         sh = self._sh
         entries = batch.entries
@@ -224,8 +221,7 @@ class Committer:
         with sh.submit_lock:
             self._check_open()
             hashes, found = sh.dedupe.find_many(map(_MSG_ID, msgs))
-            ats = list(map(_DELIVER_AT_MS, msgs)) if deliver_ats is None else deliver_ats
-            rows = zip(msgs, ats, datas, hashes, found, strict=True)
+            rows = zip(msgs, deliver_ats, datas, hashes, found, strict=True)
             for i, (m, at, data, h, pos) in enumerate(rows):
                 mid = m.msg_id
                 e = inflight.get(mid)

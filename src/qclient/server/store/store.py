@@ -14,6 +14,7 @@ from __future__ import annotations
 import fcntl
 import json
 import logging
+import operator
 import os
 import threading
 import time
@@ -51,6 +52,7 @@ from qclient.server.store.types import (
 
 log = logging.getLogger(__name__)
 
+_DELIVER_AT_MS = operator.attrgetter("deliver_at_ms")
 _STATS_ZERO = (
     "appended",
     "stored",
@@ -268,7 +270,7 @@ class DelayStore:
         self._check_open()
         msgs, datas, deliver_ats = self._encode(msgs, validated, topics, deliver_ats)
         return self._committer.submit(
-            msgs, datas, defer=defer, refuse_after_ms=refuse_after_ms, deliver_ats=deliver_ats
+            msgs, datas, deliver_ats=deliver_ats, defer=defer, refuse_after_ms=refuse_after_ms
         )
 
     def _encode(
@@ -277,10 +279,10 @@ class DelayStore:
         validated: bool,
         topics: Iterable[str] | None,
         deliver_ats: list[int] | None,
-    ) -> tuple[Sequence[Any], list[bytes], list[int] | None]:
+    ) -> tuple[Sequence[Any], list[bytes], list[int]]:
         """The messages' records: ``(msgs, datas, deliver_ats)`` for the committer (the
         messages as NewMessages when those given with ``deliver_ats`` need the full
-        checks)."""
+        checks; the deliver times from the NewMessages when not given)."""
         now = self._clock()
         if deliver_ats is not None:
             if not validated:
@@ -304,7 +306,8 @@ class DelayStore:
                 for m, d in zip(msgs, deliver_ats, strict=True)
             ]
         news = cast(list[NewMessage], msgs)
-        return news, self._intake.encode(news, now, validated=validated, topics=topics), None
+        datas = self._intake.encode(news, now, validated=validated, topics=topics)
+        return news, datas, list(map(_DELIVER_AT_MS, news))
 
     def commit_pending(self) -> None:
         """Commit what is queued as one group on the calling thread (blocks for its write
@@ -324,7 +327,7 @@ class DelayStore:
         durable (no future is made); raises what submit raises, or the group's error."""
         self._check_open()
         msgs, datas, deliver_ats = self._encode(msgs, validated, topics, deliver_ats)
-        return self._committer.store_now(msgs, datas, refuse_after_ms, deliver_ats)
+        return self._committer.store_now(msgs, datas, deliver_ats, refuse_after_ms)
 
     def wake_committer(self) -> None:
         """Hand what ``submit(defer=True)`` queued to the committer thread."""
