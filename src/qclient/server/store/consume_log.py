@@ -41,6 +41,11 @@ _RECENT_SPAN_MS = 5_000
 # (consumers that keep up read within milliseconds of the fire: at 20k fired msgs/s of
 # ~200 bytes this is seconds of them); older offsets are read from the files
 KEPT_BYTES = 32 << 20
+# a kept chunk as one int: queue slot | record count (32 bits) | bytes (48 bits)
+_COUNT_SHIFT = 48
+_SLOT_SHIFT = 80
+_COUNT_MASK = (1 << 32) - 1
+_SIZE_MASK = (1 << 48) - 1
 
 
 def _from_memory(data: bytes, topic: str, queue_id: int, offset: int) -> FiredMessage:
@@ -54,22 +59,35 @@ def _from_memory(data: bytes, topic: str, queue_id: int, offset: int) -> FiredMe
 
 class Kept:
     """The record bytes that consume queues keep in memory, oldest dropped first once
-    their sum passes ``limit`` (whichever queue they belong to)."""
+    their sum passes ``limit`` (whichever queue they belong to).
+
+    Each append is remembered as one int (queue slot, record count, bytes), not a tuple
+    holding the queue: an int is not tracked by the cyclic garbage collector, and at 20k
+    fired msgs/s tuples kept for seconds filled the older generations, whose collections
+    then stalled the broker's event loop for 10-20 ms."""
 
     def __init__(self, limit: int = KEPT_BYTES) -> None:
         self.limit = limit
         self.bytes = 0
-        self._chunks: collections.deque[tuple[ConsumeQueue, int, int]] = collections.deque()
+        self._queues: list[ConsumeQueue] = []  # by slot
+        self._chunks: collections.deque[int] = collections.deque()
         self._lock = threading.Lock()  # taken before a queue's lock, never after
 
-    def added(self, q: ConsumeQueue, count: int, size: int) -> None:
+    def slot(self, q: ConsumeQueue) -> int:
+        """``q``'s number in this budget's chunks."""
         with self._lock:
-            self._chunks.append((q, count, size))
+            self._queues.append(q)
+            return len(self._queues) - 1
+
+    def added(self, slot: int, count: int, size: int) -> None:
+        with self._lock:
+            self._chunks.append(slot << _SLOT_SHIFT | count << _COUNT_SHIFT | size)
             self.bytes += size
             while self.bytes > self.limit:
-                old, n, b = self._chunks.popleft()
-                self.bytes -= b
-                old._drop_kept(n)
+                chunk = self._chunks.popleft()
+                self.bytes -= chunk & _SIZE_MASK
+                q = self._queues[chunk >> _SLOT_SHIFT]
+                q._drop_kept((chunk >> _COUNT_SHIFT) & _COUNT_MASK)
 
 
 class ConsumeQueue:
@@ -95,6 +113,7 @@ class ConsumeQueue:
         self._idx_tail: list[tuple[int, int]] = []
         # record bytes of offsets mem_base..next (under _idx_lock), within kept's budget
         self._kept = kept if kept is not None else Kept()
+        self._kept_slot = self._kept.slot(self)
         self._mem_base = 0
         self._mem: list[bytes] = []
 
@@ -182,7 +201,7 @@ class ConsumeQueue:
         with self._idx_lock:
             self._idx_tail.extend(index)
             self._mem.extend(chunks)
-        self._kept.added(self, len(chunks), pos - self.log_end)
+        self._kept.added(self._kept_slot, len(chunks), pos - self.log_end)
         self.log_end = pos
         count = off - self.next
         self.next = off

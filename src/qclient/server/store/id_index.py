@@ -88,7 +88,10 @@ class IdIndex:
         )
         self._lock = threading.Lock()
         self._kept_lock = threading.Lock()
-        self._fired: list[tuple[int, bytes]] = []  # (key, entry) kept apart (add_fired)
+        # FIRED entries kept apart (add_fired), packed back to back: one bytearray, not a
+        # tuple per fired message (tuples alive for up to a checkpoint period are what
+        # the cyclic garbage collector's passes over the event loop's heap walk through)
+        self._fired = bytearray()
         # STORED entries as add_stored got them, not yet in the partitions' buffers
         self._staged: list[list[tuple[str, int, int]]] = []
         self._staged_count = 0
@@ -123,20 +126,22 @@ class IdIndex:
         thread): kept apart until the next flush, under a lock no write is made with."""
         pack = ENTRY.pack
         tag = FIRED << 56
-        new = [(key, pack(key, pos, tag | (t & _TIME_MASK))) for key, pos, t in items]
+        new = b"".join([pack(key, pos, tag | (t & _TIME_MASK)) for key, pos, t in items])
         with self._kept_lock:
-            self._fired.extend(new)
+            self._fired += new
 
     def _move_fired(self) -> None:
         """Hand the FIRED entries kept apart to the partitions' buffers (``_lock`` held);
-        each is dropped from the list only once appended, so :meth:`find` always sees it."""
+        each is dropped from the buffer only once appended, so :meth:`find` always sees it."""
         with self._kept_lock:
-            fired = list(self._fired)
+            fired = bytes(self._fired)
         if not fired:
             return
         parts: dict[int, list[bytes]] = {}
-        for key, entry in fired:
-            parts.setdefault(key & _PART_MASK, []).append(entry)
+        size = ENTRY.size
+        unpack = _KEY.unpack_from
+        for off in range(0, len(fired), size):
+            parts.setdefault(unpack(fired, off)[0] & _PART_MASK, []).append(fired[off : off + size])
         self._append(parts)
         with self._kept_lock:
             del self._fired[: len(fired)]
@@ -189,15 +194,15 @@ class IdIndex:
         key = id_key(msg_id)
         with self._kept_lock:  # first: an entry leaves these lists only once appended
             staged = [(p, t) for group in self._staged for m, p, t in group if m == msg_id]
-            fired = [entry for k, entry in self._fired if k == key]
+            fired = bytes(self._fired)
         data = self._files.read(key & _PART_MASK)
         out = []
         for off in aligned_find(data, _KEY.pack(key), ENTRY.size):
             _k, pos, info = ENTRY.unpack_from(data, off)
             out.append((pos, info >> 56, info & _TIME_MASK))
         out.extend((pos, STORED, t & _TIME_MASK) for pos, t in staged)
-        for entry in fired:
-            _k, pos, info = ENTRY.unpack(entry)
+        for off in aligned_find(fired, _KEY.pack(key), ENTRY.size):
+            _k, pos, info = ENTRY.unpack_from(fired, off)
             out.append((pos, info >> 56, info & _TIME_MASK))
         return out
 
