@@ -57,6 +57,10 @@ class WallTimer:
         if fd < 0:
             raise OSError(ctypes.get_errno(), "timerfd_create failed")
         self.fd: int = fd
+        # one spec, refilled at each arm: no ctypes objects built per millisecond
+        self._spec = _ITimerSpec()
+        self._spec_ref = ctypes.byref(self._spec)
+        self._settime = self._libc.timerfd_settime
 
     @classmethod
     def create(cls) -> WallTimer | None:
@@ -70,9 +74,9 @@ class WallTimer:
 
     def arm(self, at_ns: int) -> None:
         """Expire at ``at_ns`` (wall clock, ns since the epoch); 0 disarms."""
-        sec, nsec = divmod(at_ns, 1_000_000_000)
-        spec = _ITimerSpec(_TimeSpec(0, 0), _TimeSpec(sec, nsec))
-        if self._libc.timerfd_settime(self.fd, _TFD_TIMER_ABSTIME, ctypes.byref(spec), None):
+        value = self._spec.it_value
+        value.tv_sec, value.tv_nsec = divmod(at_ns, 1_000_000_000)
+        if self._settime(self.fd, _TFD_TIMER_ABSTIME, self._spec_ref, None):
             raise OSError(ctypes.get_errno(), "timerfd_settime failed")
 
     def expired(self) -> bool:

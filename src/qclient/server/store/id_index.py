@@ -88,10 +88,11 @@ class IdIndex:
         )
         self._lock = threading.Lock()
         self._kept_lock = threading.Lock()
-        # FIRED entries kept apart (add_fired), packed back to back: one bytearray, not a
-        # tuple per fired message (tuples alive for up to a checkpoint period are what
-        # the cyclic garbage collector's passes over the event loop's heap walk through)
-        self._fired = bytearray()
+        # FIRED entries kept apart (add_fired), packed back to back per partition: bytes,
+        # not a tuple per fired message (tuples alive for up to a checkpoint period are
+        # what the cyclic garbage collector's passes over the event loop's heap walk
+        # through), already split, so a flush hands each partition its entries whole
+        self._fired = [bytearray() for _ in range(PARTS)]
         # STORED entries as add_stored got them, not yet in the partitions' buffers
         self._staged: list[list[tuple[str, int, int]]] = []
         self._staged_count = 0
@@ -126,25 +127,22 @@ class IdIndex:
         thread): kept apart until the next flush, under a lock no write is made with."""
         pack = ENTRY.pack
         tag = FIRED << 56
-        new = b"".join([pack(key, pos, tag | (t & _TIME_MASK)) for key, pos, t in items])
+        fired = self._fired
         with self._kept_lock:
-            self._fired += new
+            for key, pos, t in items:
+                fired[key & _PART_MASK] += pack(key, pos, tag | (t & _TIME_MASK))
 
     def _move_fired(self) -> None:
         """Hand the FIRED entries kept apart to the partitions' buffers (``_lock`` held);
-        each is dropped from the buffer only once appended, so :meth:`find` always sees it."""
+        each is dropped from memory only once appended, so :meth:`find` always sees it."""
         with self._kept_lock:
-            fired = bytes(self._fired)
-        if not fired:
+            taken = [(p, bytes(entries)) for p, entries in enumerate(self._fired) if entries]
+        if not taken:
             return
-        parts: dict[int, list[bytes]] = {}
-        size = ENTRY.size
-        unpack = _KEY.unpack_from
-        for off in range(0, len(fired), size):
-            parts.setdefault(unpack(fired, off)[0] & _PART_MASK, []).append(fired[off : off + size])
-        self._append(parts)
+        self._append({p: [data] for p, data in taken})
         with self._kept_lock:
-            del self._fired[: len(fired)]
+            for p, data in taken:
+                del self._fired[p][: len(data)]
 
     def add_stored(self, items: list[tuple[str, int, int]]) -> None:
         """Index messages written to the log: ``(msg_id, position, deliver_at_ms)`` (the
@@ -194,7 +192,7 @@ class IdIndex:
         key = id_key(msg_id)
         with self._kept_lock:  # first: an entry leaves these lists only once appended
             staged = [(p, t) for group in self._staged for m, p, t in group if m == msg_id]
-            fired = bytes(self._fired)
+            fired = bytes(self._fired[key & _PART_MASK])
         data = self._files.read(key & _PART_MASK)
         out = []
         for off in aligned_find(data, _KEY.pack(key), ENTRY.size):
