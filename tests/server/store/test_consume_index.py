@@ -52,6 +52,7 @@ def test_an_index_never_written_is_rebuilt_from_the_log(tmp_path: Path) -> None:
     q = ConsumeQueue(tmp_path / "q", "t", 0, fsync=False)
     q.open()
     q.append([_fired(i) for i in range(8)])
+    q.write()  # the records (not their index entries) are in the log
     # a kill -9: the entries in memory are gone, the log has every record
     reopened = ConsumeQueue(tmp_path / "q", "t", 0, fsync=False)
     reopened.open()
@@ -122,6 +123,7 @@ def test_records_kept_in_memory_read_as_the_files_do(tmp_path: Path) -> None:
     q.open()
     for start in range(0, 40, 5):
         q.append([_varied(i) for i in range(start, start + 5)])
+        q.write()  # as the firing thread does every few ms
     q.publish(q.next)
     assert q._memory(0, 1) is None  # dropped: read from the file
     assert q._memory(39, 5) == [rec.to_fired(_varied(39)[0], 2039, 39, 139)]
@@ -146,7 +148,9 @@ def test_queues_share_one_budget_oldest_dropped_first(tmp_path: Path) -> None:
     a.open()
     b.open()
     a.append([_fired(1000)] * 3)
-    b.append([_fired(1000)] * 2)  # a's first append (3 records) is dropped
+    b.append([_fired(1000)] * 2)  # a's first append (3 records) is over the budget ...
+    assert len(a._memory(0, 10) or []) == 3, "dropped before it was in the file"
+    a.write()  # ... and is dropped once written
     assert a._memory(0, 10) is None
     assert b._memory(0, 10) is not None and len(b._memory(0, 10) or []) == 2
     assert kept.bytes == 2 * size
@@ -158,3 +162,17 @@ def test_queues_share_one_budget_oldest_dropped_first(tmp_path: Path) -> None:
     assert _ids(b, 0, 100) == ["m1000"] * 2
     a.close()
     b.close()
+
+
+def test_a_read_from_the_file_runs_on_into_records_not_written_yet(tmp_path: Path) -> None:
+    size = len(rec.to_fired(_fired(7)[0], 0, 0, 0))
+    q = ConsumeQueue(tmp_path / "q", "t", 1, fsync=False, kept=Kept(limit=4 * size))
+    q.open()
+    q.append([_fired(7)] * 5)  # over the budget ...
+    q.write()  # ... and written: dropped from memory
+    q.append([_fired(7)] * 3)  # not written yet: in memory only
+    q.publish(q.next)
+    assert q._memory(0, 1) is None and q._memory(5, 3) is not None
+    assert [m.offset for m in q.read(0, 100)] == list(range(8))
+    assert [m.offset for m in q.read(4, 2)] == [4, 5]
+    q.close()
