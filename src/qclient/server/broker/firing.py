@@ -5,8 +5,8 @@ a long poll is waiting for what fires. Fired on the loop, that poll is answered 
 same loop iteration; fired on a thread of its own, each millisecond also costs that
 thread's wake-up, a cross-thread call to the loop and the GIL changing hands, which on
 a small VM cost more CPU than the firing itself. A step's work is small (the due
-records' reads and one consume-log write per queue; a backlog is fired in bounded
-steps with the loop's other work in between).
+records' reads and their consume-log copies, in memory and written every few ms; a
+backlog is fired in bounded steps with the loop's other work in between).
 
 The loop's own timers count whole milliseconds (uvloop's, and asyncio's epoll timeout),
 so they fire ~0.5 ms into the due millisecond on average; on Linux a ``timerfd`` armed

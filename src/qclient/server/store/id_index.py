@@ -16,8 +16,9 @@ checkpoint or once ``STAGED_MAX`` wait) and then buffered per partition (one wri
 partition per checkpoint instead of per group commit; lookups see both); the checkpoint
 writes and fsyncs the partitions first, so recovery only
 re-adds what came after it (a repeated entry is harmless: readers fold entries by
-position). ``FIRED`` entries are buffered too, in a list of their own until the next
-flush (the firing thread neither writes nor waits for a flush's writes): what a
+position). ``FIRED`` entries are buffered too, packed per partition apart from the
+rest until the next flush (the firing thread neither writes nor waits for a flush's
+writes): what a
 ``kill -9`` loses of them, recovery re-adds from the consume logs' recently fired
 records. Readers verify every position by reading the record back (the
 key is a hash, and a torn log tail may have been rewritten), so a stale or colliding
@@ -89,9 +90,9 @@ class IdIndex:
         self._lock = threading.Lock()
         self._kept_lock = threading.Lock()
         # FIRED entries kept apart (add_fired), packed back to back per partition: bytes,
-        # not a tuple per fired message (tuples alive for up to a checkpoint period are
-        # what the cyclic garbage collector's passes over the event loop's heap walk
-        # through), already split, so a flush hands each partition its entries whole
+        # not a tuple per fired message (tuples alive until the checkpoint filled the
+        # cyclic collector's generations, whose passes pause the event loop), and already
+        # split, so a flush hands each partition its entries whole
         self._fired = [bytearray() for _ in range(PARTS)]
         # STORED entries as add_stored got them, not yet in the partitions' buffers
         self._staged: list[list[tuple[str, int, int]]] = []
