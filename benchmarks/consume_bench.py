@@ -46,6 +46,7 @@ import psutil
 
 from benchmarks._broker_http import post_bodies
 from benchmarks._floor_proc import floor_process
+from benchmarks._suite.report import target
 from benchmarks.broker_bench import BATCH, _encode_batches
 from benchmarks.peers.workload import percentile
 from qclient import Consumer, LocalCluster
@@ -304,23 +305,16 @@ def _report(label: str, r: dict[str, Any]) -> None:
 def _targets(r: dict[str, Any], floor: dict[str, Any]) -> list[dict[str, Any]]:
     """The lateness goals at ``r``'s rate; ``floor``: the pull floor at the same rate."""
     rate = r["due_rate_msgs_per_s"]
+    p50, p99 = r["lateness_p50_ms"], r["lateness_p99_ms"]
     out = []
     if rate == 5000:
         out += [
-            {"name": "p50 @5k/s", "value": r["lateness_p50_ms"], "target": "<= 1 ms",
-             "met": r["lateness_p50_ms"] <= 1, "floor": floor["lateness_p50_ms"]},
-            {"name": "p99 @5k/s", "value": r["lateness_p99_ms"], "target": "<= 5 ms",
-             "met": r["lateness_p99_ms"] <= 5, "floor": floor["lateness_p99_ms"]},
-        ]  # fmt: skip
+            target("p50 @5k/s", p50, "<= 1 ms", p50 <= 1, floor=floor["lateness_p50_ms"]),
+            target("p99 @5k/s", p99, "<= 5 ms", p99 <= 5, floor=floor["lateness_p99_ms"]),
+        ]
     if rate == 20000:
-        out.append(
-            {"name": "p99 @20k/s", "value": r["lateness_p99_ms"], "target": "<= 10 ms",
-             "met": r["lateness_p99_ms"] <= 10, "floor": floor["lateness_p99_ms"]}
-        )  # fmt: skip
-    out.append(
-        {"name": f"early @{rate}/s", "value": r["early"], "target": "== 0",
-         "met": r["early"] == 0}
-    )  # fmt: skip
+        out.append(target("p99 @20k/s", p99, "<= 10 ms", p99 <= 10, floor=floor["lateness_p99_ms"]))
+    out.append(target(f"early @{rate}/s", r["early"], "== 0", r["early"] == 0))
     return out
 
 
@@ -389,14 +383,12 @@ def run(
                 f"({k['duplicates_pct']:.2f} %), early {k['early']}",
                 file=sys.stderr,
             )
+            dup = k["duplicates_pct"]
             targets += [
-                {"name": "kill: lost", "value": k["lost"], "target": "== 0",
-                 "met": k["lost"] == 0},
-                {"name": "kill: duplicates %", "value": k["duplicates_pct"], "target": "<= 1",
-                 "met": k["duplicates_pct"] <= 1},
-                {"name": "kill: early", "value": k["early"], "target": "== 0",
-                 "met": k["early"] == 0},
-            ]  # fmt: skip
+                target("kill: lost", k["lost"], "== 0", k["lost"] == 0),
+                target("kill: duplicates %", dup, "<= 1", dup <= 1),
+                target("kill: early", k["early"], "== 0", k["early"] == 0),
+            ]
     if gated:  # before: visible only after the consume log's group fsync
         with LocalCluster(brokers=1, store_options={"visible_before_sync": "false"}) as c2:
             r, lat = bench_lateness(c2, rates[0], seconds, tag="-gated")

@@ -41,6 +41,7 @@ from typing import Any
 import psutil
 
 from benchmarks._floor_proc import floor_process
+from benchmarks._suite import report
 from qclient import AsyncProducer, LocalCluster, Message, Producer
 from qclient.protocol import wire
 
@@ -301,10 +302,8 @@ def main() -> None:
         name: str, value: float, op: str, goal: float, floor: float | None = None
     ) -> dict[str, Any]:
         met = value >= goal if op == ">=" else value <= goal
-        t = {"name": name, "value": value, "target": f"{op} {goal:g}", "met": met}
-        if floor is not None:  # what the request floor server measured in this run
-            t["floor"] = floor
-        return t
+        # floor: what the request floor server measured in this run
+        return report.target(name, value, f"{op} {goal:g}", met, floor=floor)
 
     # the request floor: the cheaper of the two durable floor servers, by each figure
     floors = (out["floor_one"], out["floor_one_prealloc"])

@@ -366,12 +366,12 @@ class ConsumeQueue:
                 ]
             except rec.CorruptRecord:
                 pass  # not expected; the file's path checks, reports and skips the record
-        # older than what memory keeps: from the file, up to where memory starts (the
-        # newest records may not be in the file yet)
-        with self._idx_lock:
-            in_file = self._mem_base - offset
-        if mem is not None or in_file <= 0:
             in_file = n
+        else:
+            # older than what memory keeps: from the file up to where memory starts, then
+            # from memory (the newest records may not be in the file yet)
+            with self._idx_lock:
+                in_file = min(n, self._mem_base - offset)
         out = [
             FiredMessage(
                 r.msg_id,
@@ -386,7 +386,7 @@ class ConsumeQueue:
                 r.fired_at_ms,
                 r.flag,
             )
-            for r, off in self._read_raw(offset, min(n, in_file))
+            for r, off in self._read_raw(offset, in_file)
         ]
         if in_file < n:
             out += self.read(offset + in_file, n - in_file)

@@ -199,7 +199,7 @@ class Firing:
             for (topic, qid), items in by_q.items():
                 q = consume.get(topic, qid, create=True)
                 assert q is not None
-                q.append(items)  # all or nothing (cut back on failure)
+                q.append(items)  # all or nothing (raises before appending any)
                 queues.append(q)
         except BaseException:
             if queues:  # some queues have their copies: those are fired, the rest retried
