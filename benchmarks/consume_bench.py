@@ -47,6 +47,7 @@ import psutil
 from benchmarks._broker_http import post_bodies
 from benchmarks._floor_proc import floor_process
 from benchmarks._suite.report import target
+from benchmarks._suite.steal import StealMeter
 from benchmarks.broker_bench import BATCH, _encode_batches
 from benchmarks.peers.workload import percentile
 from qclient import Consumer, LocalCluster
@@ -157,12 +158,13 @@ def bench_lateness(
         fired: list[float] = []
         broker = psutil.Process(cluster.brokers[0].pid)
         time.sleep(max(0.0, (deliver[0] - _now_ms()) / 1000 - 0.2))
-        with _harness_heap_frozen():
+        with _harness_heap_frozen(), StealMeter() as steal:
             broker_cpu, client_cpu = sum(broker.cpu_times()[:2]), time.process_time()
             lateness, ids = _consume(consumer, acked, deliver[-1] + 15_000, fired)
             broker_cpu = sum(broker.cpu_times()[:2]) - broker_cpu
             client_cpu = time.process_time() - client_cpu
     res = {"due_rate_msgs_per_s": rate, **_summary(lateness, acked, ids, fired)}
+    res["steal_pct"] = steal.pct
     # CPU per message while firing and consuming: what the machine's load cannot inflate
     res["broker_cpu_us_per_msg"] = broker_cpu / max(1, acked) * 1e6
     res["client_cpu_us_per_msg"] = client_cpu / max(1, acked) * 1e6
@@ -230,7 +232,7 @@ def bench_redis(rate: int, seconds: float) -> tuple[dict | None, list, str | Non
                 now = _now_ms()
                 producer.send_many([(m, (due - now) / 1000) for m, due in items[k : k + 1000]])
             producer.close()
-            with _harness_heap_frozen():
+            with _harness_heap_frozen(), StealMeter() as steal:
                 consumer = peer.consumer("lat", sink)
                 deadline = time.monotonic() + seconds + 30
                 while len(ids) < total and time.monotonic() < deadline:
@@ -238,7 +240,8 @@ def bench_redis(rate: int, seconds: float) -> tuple[dict | None, list, str | Non
                 consumer.close()
         finally:
             peer.stop()
-    return {"due_rate_msgs_per_s": rate, **_summary(lateness, total, ids)}, lateness, None
+    res = {"due_rate_msgs_per_s": rate, **_summary(lateness, total, ids), "steal_pct": steal.pct}
+    return res, lateness, None
 
 
 def bench_floor(rate: int, seconds: float) -> tuple[dict[str, Any], list[float]]:
@@ -250,7 +253,7 @@ def bench_floor(rate: int, seconds: float) -> tuple[dict[str, Any], list[float]]
     with floor_process("benchmarks._floor_pull", *args) as (port, pid):
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
         server = psutil.Process(pid)
-        with _harness_heap_frozen():
+        with _harness_heap_frozen(), StealMeter() as steal:
             server_cpu, client_cpu = sum(server.cpu_times()[:2]), time.process_time()
             deadline = time.monotonic() + seconds + 20
             while len(lateness) < total and time.monotonic() < deadline:
@@ -273,6 +276,7 @@ def bench_floor(rate: int, seconds: float) -> tuple[dict[str, Any], list[float]]
         "early": sum(1 for x in s if x < 0),
         "broker_cpu_us_per_msg": server_cpu / max(1, total) * 1e6,
         "client_cpu_us_per_msg": client_cpu / max(1, total) * 1e6,
+        "steal_pct": steal.pct,
     }
     return res, lateness
 
@@ -297,6 +301,9 @@ def _report(label: str, r: dict[str, Any]) -> None:
             f"consumer {r['client_cpu_us_per_msg']:.1f} us"
             if "broker_cpu_us_per_msg" in r
             else ""
+        )
+        + (
+            f"; CPU stolen by the host {r['steal_pct']} %" if r.get("steal_pct") is not None else ""
         ),
         file=sys.stderr,
     )
@@ -327,6 +334,7 @@ def _over_rounds(got: list[tuple[dict[str, Any], list[float]]]) -> tuple[dict[st
     res = dict(res)
     res["rounds_p50_ms"] = [g[0]["lateness_p50_ms"] for g in got]
     res["rounds_p99_ms"] = [g[0]["lateness_p99_ms"] for g in got]
+    res["rounds_steal_pct"] = [g[0].get("steal_pct") for g in got]
     for key in ("lost", "early", "duplicates"):
         if key in res:
             res[key] = sum(g[0][key] for g in got)
@@ -401,6 +409,9 @@ def run(
         *notes,
         "received lateness = wall time when Consumer.poll returned - deliver_at "
         "(one broker, one group consumer, 4 queues, 100 B bodies)",
+        "steal_pct / rounds_steal_pct: CPU time the hypervisor gave to other guests during "
+        "each round, % of this VM's (both vCPUs); a round with a high share measures the "
+        "host as much as the system (the floor's figure of that round moves with it)",
     ]
     return results
 
