@@ -65,12 +65,12 @@ def test_an_index_never_written_is_rebuilt_from_the_log(tmp_path: Path) -> None:
 def test_fired_entries_kept_apart_are_found_before_and_after_a_flush(tmp_path: Path) -> None:
     ids = IdIndex(tmp_path / "ids", fsync=False)
     ids.recover()
-    key = id_key("m1")
-    ids.add_fired([(key, 40, 1234), (id_key("other"), 80, 1)])
+    m1, other = (rec.encode(rec.KIND_MESSAGE, i, "t", b"x") for i in ("m1", "other"))
+    ids.add_fired([(m1, 40, 1234), (other, 80, 1)])
     assert ids.find("m1") == [(40, FIRED, 1234)]
     assert ids.take_dirty() is not None  # the checkpoint's flush
     assert ids.find("m1") == [(40, FIRED, 1234)]
-    ids.add_fired([(key, 90, 2000)])
+    ids.add_fired([(m1, 90, 2000)])
     ids.close()
     again = IdIndex(tmp_path / "ids", fsync=False)
     again.recover()

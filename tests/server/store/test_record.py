@@ -132,3 +132,50 @@ def test_encode_messages_is_byte_identical_to_encode(rows: list[tuple]) -> None:
     # a message with a key is not for this fast loop
     keyed = [*msgs, NewMessage("t", 0, "k", b"", 0, key="k")]
     assert rec.encode_messages(keyed, {**topics, "t": b"t"}, now) is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    kind=st.sampled_from(rec.SCHEDULING_KINDS),
+    msg_id=_text,
+    topic=_text,
+    body=st.binary(max_size=300),
+    queue_id=_i32,
+    deliver=_i64,
+    fired=_i64,
+    qoff=_i64,
+    ref=_i64,
+    key=st.none() | _text,
+    props=st.none() | st.dictionaries(_text, _text, max_size=3),
+    flip=st.integers(min_value=0),
+)
+def test_the_firing_fast_paths_agree_with_encode_and_decode(
+    kind, msg_id, topic, body, queue_id, deliver, fired, qoff, ref, key, props, flip
+) -> None:
+    """verify_route reads what decode reads; to_fired's copy is what encode makes of the
+    same fields with kind FIRED; a flipped byte anywhere is refused."""
+    fields = {"queue_id": queue_id, "deliver_at_ms": deliver, "key": key, "properties": props}
+    data = rec.encode(kind, msg_id, topic, body, received_ms=7, **fields)
+    assert rec.verify_route(data) == (
+        kind,
+        queue_id,
+        deliver,
+        topic.encode(),
+        len(msg_id.encode()),
+    )
+    copy = rec.to_fired(data, fired, qoff, ref)
+    assert copy == rec.encode(
+        rec.KIND_FIRED,
+        msg_id,
+        topic,
+        body,
+        received_ms=7,
+        fired_at_ms=fired,
+        qoffset=qoff,
+        ref=ref,
+        **fields,
+    )
+    bad = bytearray(data)
+    bad[flip % len(bad)] ^= 0x01
+    with pytest.raises(rec.CorruptRecord):
+        rec.verify_route(bytes(bad))

@@ -212,8 +212,9 @@ class ConsumeQueue:
         index = []
         off = self.next
         pos = self.log_end
+        to_fired = rec.to_fired
         for raw, src, fired_at in items:
-            data = rec.to_fired(raw, fired_at, off, src)
+            data = to_fired(raw, fired_at, off, src)
             chunks.append(data)
             index.append((pos, len(data)))
             pos += len(data)

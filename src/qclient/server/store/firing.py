@@ -22,7 +22,6 @@ from qclient.server.store import record as rec
 from qclient.server.store._files import check_name
 from qclient.server.store._shared import MAX_WAIT_S, Shared
 from qclient.server.store.consume_log import ConsumeQueue
-from qclient.server.store.id_index import record_key
 from qclient.server.store.syncer import Syncer
 
 log = logging.getLogger(__name__)
@@ -175,21 +174,23 @@ class Firing:
         late: list[int] = []  # this batch's lateness samples
         raws = _read_all(sh.files.mlog.read, due)
         bucket_ms = sh.bucket_ms
-        names_ok: set[str] = set()  # topics that passed check_name in this call
+        verify = rec.verify_route
+        topics: dict[bytes, str] = {}  # topic bytes -> its name, checked (in this call)
         for d, pos, _size in due:
             raw = raws[pos]
             dispatch[d // bucket_ms].append(pos)
             try:
-                route = rec.verify_route(raw)
-                if route.kind not in _SCHEDULING or route.deliver_at_ms != d:
+                kind, qid, deliver, topic_b, _lm = verify(raw)
+                if kind not in _SCHEDULING or deliver != d:
                     raise rec.CorruptRecord("not the scheduled message")
-                if route.topic not in names_ok:
-                    names_ok.add(check_name(route.topic))
-            except (rec.CorruptRecord, ValueError) as exc:
+                topic = topics.get(topic_b)
+                if topic is None:
+                    topic = topics[topic_b] = check_name(topic_b.decode())
+            except (rec.CorruptRecord, ValueError) as exc:  # (UnicodeDecodeError too)
                 log.error("schedule entry at %d: %s; dropped", pos, exc)
                 sh.stats["corrupt_records"] += 1
                 continue
-            by_q[(route.topic, route.queue_id)].append((raw, pos, fired_at))
+            by_q[(topic, qid)].append((raw, pos, fired_at))
             late.append(fired_at - d)
         lateness.extend(late)
         sh.lateness.observe_many(late)
@@ -229,9 +230,8 @@ class Firing:
         ids = sh.files.ids
         if ids is not None:
             # the fired time, for lookups (the state itself is the dispatch log's)
-            ids.add_fired(
-                (record_key(raw), pos, t) for items in by_q.values() for raw, pos, t in items
-            )
+            for items in by_q.values():
+                ids.add_fired(items)
         topics = {t for t, _ in by_q}
         if sh.config.visible_before_sync:
             # Visible before the fsync: a crash can lose these copies only together with

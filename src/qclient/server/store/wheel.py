@@ -160,16 +160,23 @@ class Wheel:
         heap = self.heap
         out: list[tuple[int, int, int]] = []
         bound = (now_ms + 1) << 64
+        # once per fired message: the lookups are bound here, not made per entry
+        pop, firing, cancelled, bucket_ms = (
+            heapq.heappop,
+            self.firing,
+            self.cancelled,
+            self.bucket_ms,
+        )
         while heap and heap[0] < bound and len(out) < limit:
-            key = heapq.heappop(heap)
+            key = pop(heap)
             deliver_at = key >> 64
             pos = (key >> _SIZE_BITS) & _POS_MASK
-            b = deliver_at // self.bucket_ms
-            st = self.state_for(b)
-            if self.is_cancelled(b, pos) or pos in self.firing:
-                st.outstanding -= 1
-                continue
-            self.firing.add(pos)
+            if cancelled or pos in firing:  # (no cancelled set at all: the common case)
+                b = deliver_at // bucket_ms
+                if self.is_cancelled(b, pos) or pos in firing:
+                    self.state_for(b).outstanding -= 1
+                    continue
+            firing.add(pos)
             out.append((deliver_at, pos, key & _SIZE_MASK))
         return out
 
