@@ -4,6 +4,7 @@ the write, and after a reopen."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -76,6 +77,39 @@ def test_fired_entries_kept_apart_are_found_before_and_after_a_flush(tmp_path: P
     again.recover()
     assert again.find("m1") == [(40, FIRED, 1234), (90, FIRED, 2000)]
     again.close()
+
+
+def _synced_parts(ids: IdIndex) -> set[int]:
+    """The partitions whose fds the checkpoint would fsync now (the fds closed unsynced)."""
+    parts = set()
+    for fd in ids.take_dirty():
+        name = os.readlink(f"/proc/self/fd/{fd}").rsplit("/", 1)[-1]
+        os.close(fd)
+        if name.endswith(".idx"):
+            parts.add(int(name[: -len(".idx")]))
+    return parts
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc")
+def test_partitions_with_fired_entries_only_are_fsynced_in_turns(tmp_path: Path) -> None:
+    ids = IdIndex(tmp_path / "ids", fsync=True)
+    ids.recover()
+    fired = rec.encode(rec.KIND_MESSAGE, "fired-only", "t", b"x")
+    part = id_key("fired-only") & (id_index.PARTS - 1)
+    ids.add_fired([(fired, 40, 1234)])
+    stored_part = id_key("stored") & (id_index.PARTS - 1)
+    assert stored_part != part
+    turns = []
+    for turn in range(id_index.FIRED_SYNC_TURNS):
+        ids.add_stored([("stored", 100 + turn, 5)])  # every checkpoint has STORED entries
+        synced = _synced_parts(ids)
+        assert stored_part in synced  # the replay checkpoint needs these: at once
+        if part in synced:
+            turns.append(turn)
+    assert turns == [part % id_index.FIRED_SYNC_TURNS]  # once, in its turn
+    assert _synced_parts(ids) == set()  # nothing new: nothing left to fsync
+    assert ids.find("fired-only") == [(40, FIRED, 1234)]
+    ids.close()
 
 
 def test_stored_entries_handed_over_are_found_until_and_after_they_are_written(

@@ -8,7 +8,7 @@ import logging
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from qclient.protocol.wire import TOPIC_RE
@@ -248,12 +248,18 @@ class AppendFiles:
         """fsync every file written since the last sync."""
         sync_fds(self.take_dirty())
 
-    def take_dirty(self) -> list[int]:
+    def take_dirty(self, defer: Callable[[int], bool] | None = None) -> list[int]:
         """Write the buffered appends; then duplicates of the fds written since the last
         call, for :func:`sync_fds` outside the caller's lock (a dup stays valid even if
-        the LRU closes the original)."""
+        the LRU closes the original). A file ``defer(key)`` is true of stays marked
+        written, for a later call."""
         self.flush()
-        dirty, self._dirty = self._dirty, set()
+        dirty = self._dirty
+        if defer is None:
+            self._dirty = set()
+        else:
+            self._dirty = {k for k in dirty if defer(k)}
+            dirty -= self._dirty
         dir_dirty, self._dir_dirty = self._dir_dirty, False
         if not self.fsync:
             return []

@@ -20,9 +20,17 @@ position). ``FIRED`` entries are buffered too, packed per partition apart from t
 rest until the next flush (the firing thread neither writes nor waits for a flush's
 writes): what a
 ``kill -9`` loses of them, recovery re-adds from the consume logs' recently fired
-records. Readers verify every position by reading the record back (the
-key is a hash, and a torn log tail may have been rewritten), so a stale or colliding
-entry is never trusted.
+records. They only date a fired message in lookups (whether it fired is the dispatch
+log's to say), so a partition written since its last fsync with nothing but ``FIRED``
+entries is fsync'd by one checkpoint in ``FIRED_SYNC_TURNS``, the partitions taking
+turns: at a steady fire rate every partition gets ``FIRED`` entries every second, and
+fsyncing all ``PARTS`` at every checkpoint would be ~130 journal commits a second competing
+with the consume logs' writes. A partition with ``STORED`` entries is fsync'd at the
+next checkpoint, as the replay checkpoint requires; an operating-system crash can lose
+the fired times of up to ``FIRED_SYNC_TURNS`` checkpoints (the lookup then says fired,
+time unknown), a ``kill -9`` none (they were written). Readers verify every position by
+reading the record back (the key is a hash, and a torn log tail may have been
+rewritten), so a stale or colliding entry is never trusted.
 When retention deletes old log segments, :meth:`IdIndex.compact` drops the entries that
 pointed into them, so the index grows with what the log keeps, not with all ever stored.
 """
@@ -38,13 +46,15 @@ from pathlib import Path
 from qclient.server.store import record as rec
 from qclient.server.store._files import SIDE_BUFFER_BYTES, AppendFiles, aligned_find
 
-__all__ = ["FIRED", "PARTS", "STORED", "IdIndex", "id_key", "record_key"]
+__all__ = ["FIRED", "FIRED_SYNC_TURNS", "PARTS", "STORED", "IdIndex", "id_key", "record_key"]
 
 ENTRY = struct.Struct("<QQQ")
 #: STORED entries kept as handed over before the adding thread moves them to the
 #: partitions itself (a lookup scans them: this bounds its cost to ~0.3 ms)
 STAGED_MAX = 8192
 PARTS = 128  # partitions (a power of two): fds kept open, 1/PARTS of the ids read per lookup
+#: checkpoints per fsync of a partition holding only FIRED entries since its last one
+FIRED_SYNC_TURNS = 32
 _PART_MASK = PARTS - 1
 STORED = 1
 FIRED = 2
@@ -97,6 +107,9 @@ class IdIndex:
         # STORED entries as add_stored got them, not yet in the partitions' buffers
         self._staged: list[list[tuple[str, int, int]]] = []
         self._staged_count = 0
+        # partitions given STORED entries since the last take_dirty (fsync'd by the next)
+        self._stored_parts: set[int] = set()
+        self._sync_turn = 0
 
     def recover(self) -> bool:
         """Cut torn entries off the partition files; False if there were none at all (a
@@ -117,6 +130,8 @@ class IdIndex:
             chunk.append(pack(key, pos, tag | (t & _TIME_MASK)))
         with self._lock:
             self._append(parts)
+            if kind != FIRED:
+                self._stored_parts.update(parts)
 
     def _append(self, parts: dict[int, list[bytes]]) -> None:
         """Append each partition's entries in one buffered write (``_lock`` held)."""
@@ -190,6 +205,7 @@ class IdIndex:
                     chunk = parts[key & _PART_MASK] = []
                 chunk.append(pack(key, pos, tag | (t & _TIME_MASK)))
         self._append(parts)
+        self._stored_parts.update(parts)
         with self._kept_lock:
             del self._staged[: len(staged)]
             self._staged_count -= count
@@ -241,12 +257,18 @@ class IdIndex:
             self._files.flush()
 
     def take_dirty(self) -> list[int]:
-        """Write the buffered entries; fds of the partitions written since the last call
-        (see ``AppendFiles``)."""
+        """Write the buffered entries; fds of the partitions to fsync now (see
+        ``AppendFiles``): those given STORED entries since the last call, and those
+        written with FIRED entries only whose turn it is (the rest wait for theirs)."""
         with self._lock:
             self._move_staged()
             self._move_fired()
-            return self._files.take_dirty()
+            stored, self._stored_parts = self._stored_parts, set()
+            turn = self._sync_turn
+            self._sync_turn = (turn + 1) % FIRED_SYNC_TURNS
+            return self._files.take_dirty(
+                lambda p: p not in stored and p % FIRED_SYNC_TURNS != turn
+            )
 
     def close(self) -> None:
         with self._lock:
