@@ -210,3 +210,24 @@ def test_a_read_from_the_file_runs_on_into_records_not_written_yet(tmp_path: Pat
     assert [m.offset for m in q.read(0, 100)] == list(range(8))
     assert [m.offset for m in q.read(4, 2)] == [4, 5]
     q.close()
+
+
+def test_records_dropped_from_memory_leave_reads_and_the_kept_list_right(tmp_path: Path) -> None:
+    """The budget drops a few records per append: every offset still reads the same
+    message (from memory or the file), and dropped entries do not pile up in the list."""
+    one = len(rec.to_fired(_fired(1)[0], 0, 0, 0))
+    q = ConsumeQueue(tmp_path / "t" / "1", "t", 1, fsync=False, kept=Kept(limit=20 * one))
+    q.open()
+    for step in range(200):
+        q.append([_fired(1) for _ in range(3)])
+        if step % 7 == 0:
+            q.publish(q.sync())  # written: the budget may drop them from memory now
+    q.publish(q.sync())
+    kept = q._memory(q._mem_base, q.next)
+    assert kept is not None and len(kept) == q.next - q._mem_base <= 21
+    assert None not in kept
+    assert len(q._mem) <= 2 * len(kept) + 3  # dropped entries are removed in runs
+    got = q.read(0, 1000)
+    assert [m.offset for m in got] == list(range(600))
+    assert all(m.msg_id == "m1" and m.fired_at_ms == 2001 for m in got)
+    q.close()

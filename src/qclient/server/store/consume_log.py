@@ -33,6 +33,7 @@ import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
+from typing import cast
 
 from qclient.server.store import record as rec
 from qclient.server.store._files import check_name, check_queue_id, fsync_dir, write_all
@@ -134,7 +135,12 @@ class ConsumeQueue:
         self._kept = kept if kept is not None else Kept()
         self._kept_slot = self._kept.slot(self)
         self._mem_base = 0
-        self._mem: list[bytes] = []
+        # _mem[_mem_dead:] are the kept records; the entries before are dropped ones
+        # (None), removed from the list only once they are half of it: a front deletion
+        # moves every pointer after it, and at a steady fire rate the budget drops a few
+        # records per queue per firing step
+        self._mem: list[bytes | None] = []
+        self._mem_dead = 0
 
     def open(self) -> list[rec.Record]:
         """Open and recover; returns the records fired in the last few seconds before the
@@ -266,7 +272,15 @@ class ConsumeQueue:
             want = count + self._drop_owed
             n = min(want, self._written_next - self._mem_base)
             self._drop_owed = want - n
-            del self._mem[:n]
+            if n <= 0:
+                return
+            mem, dead = self._mem, self._mem_dead
+            mem[dead : dead + n] = [None] * n  # the bytes are freed now
+            dead += n
+            if dead > len(mem) // 2:
+                del mem[:dead]
+                dead = 0
+            self._mem_dead = dead
             self._mem_base += n
 
     def write_index(self) -> None:
@@ -323,8 +337,10 @@ class ConsumeQueue:
         """The record bytes of ``count`` offsets from ``offset`` (fewer past the end), or
         None when ``offset`` is older than what memory keeps."""
         with self._idx_lock:
-            base = self._mem_base
-            return self._mem[offset - base : offset - base + count] if offset >= base else None
+            if offset < self._mem_base:
+                return None
+            start = offset - self._mem_base + self._mem_dead
+            return cast("list[bytes]", self._mem[start : start + count])  # live ones only
 
     def _read_raw(self, offset: int, count: int) -> list[tuple[rec.Record, int]]:
         entries = self._index(offset, count)
