@@ -8,11 +8,13 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from qclient.server.store import id_index
 from qclient.server.store import record as rec
 from qclient.server.store.consume_log import ConsumeQueue, Kept
-from qclient.server.store.id_index import FIRED, STORED, IdIndex, id_key
+from qclient.server.store.id_index import FIRED, STORED, IdIndex, id_key, record_key
 
 
 def _fired(i: int) -> tuple[bytes, int, int]:
@@ -231,3 +233,19 @@ def test_records_dropped_from_memory_leave_reads_and_the_kept_list_right(tmp_pat
     assert [m.offset for m in got] == list(range(600))
     assert all(m.msg_id == "m1" and m.fired_at_ms == 2001 for m in got)
     q.close()
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.text(min_size=1, max_size=60), min_size=1, max_size=20, unique=True))
+def test_fired_entries_are_found_under_the_key_of_their_id(
+    tmp_path_factory: pytest.TempPathFactory, msg_ids: list[str]
+) -> None:
+    """add_fired computes each key inline from the record: the same key id_key gives."""
+    ids = IdIndex(tmp_path_factory.mktemp("ids"), fsync=False)
+    ids.recover()
+    records = [rec.encode(rec.KIND_MESSAGE, m, "t", b"x") for m in msg_ids]
+    ids.add_fired([(r, 100 + i, 7) for i, r in enumerate(records)])
+    for i, m in enumerate(msg_ids):
+        assert (100 + i, FIRED, 7) in ids.find(m)
+        assert record_key(records[i]) == id_key(m)
+    ids.close()

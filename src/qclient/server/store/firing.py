@@ -180,7 +180,7 @@ class Firing:
             raw = raws[pos]
             dispatch[d // bucket_ms].append(pos)
             try:
-                kind, qid, deliver, topic_b, _lm = verify(raw)
+                kind, qid, deliver, topic_b = verify(raw)
                 if kind not in _SCHEDULING or deliver != d:
                     raise rec.CorruptRecord("not the scheduled message")
                 topic = topics.get(topic_b)

@@ -322,11 +322,11 @@ _KIND_FIRED_BYTE = bytes([KIND_FIRED])
 _AFTER_FIRED = _OFF_FIRED + _FIRED_FIELDS.size
 
 
-def verify_route(data: bytes) -> tuple[int, int, int, bytes, int]:
+def verify_route(data: bytes) -> tuple[int, int, int, bytes]:
     """Check magic, length and CRC of the whole record in ``data``; return the few fields
     the firing path needs, without decoding the rest: ``(kind, queue_id, deliver_at_ms,
-    topic as bytes, len(msg_id))`` (a plain tuple and the topic undecoded: firing calls
-    this once per message, and caches the topic's decoding)."""
+    topic as bytes)`` (a plain tuple and the topic undecoded: firing calls this once per
+    message, and caches the topic's decoding)."""
     if len(data) < HEADER_SIZE:
         raise CorruptRecord("short header")
     magic, length, crc = PRE.unpack_from(data)
@@ -336,7 +336,7 @@ def verify_route(data: bytes) -> tuple[int, int, int, bytes, int]:
         raise CorruptRecord("crc mismatch")
     kind, _f, qid, _r, deliver, _fi, _qo, _ref, lm, lt = _ROUTE.unpack_from(data, PRE.size)
     start = HEADER_SIZE + lm
-    return kind, qid, deliver, data[start : start + lt], lm
+    return kind, qid, deliver, data[start : start + lt]
 
 
 def to_fired(data: bytes, fired_at_ms: int, qoffset: int, ref: int) -> bytes:
