@@ -68,8 +68,7 @@ SCENARIOS: list[Scenario] = [
     Scenario("spark_bench", "benchmarks.spark_bench", 600, smoke_timeout_s=180),
     Scenario("http_stack_bench", "benchmarks.http_stack_bench", 300, smoke=False),
     Scenario("fsync_bench", "benchmarks.fsync_bench", 180, smoke=False),
-    # 3 interleaved rounds per rate, a round under heavy steal measured again (at most 2x)
-    Scenario("consume_bench", "benchmarks.consume_bench", 1500),
+    Scenario("consume_bench", "benchmarks.consume_bench", 900),  # 3 interleaved rounds per rate
     Scenario("rebalance_bench", "benchmarks.rebalance_bench", 600),
     Scenario("peers", "benchmarks.peers", 1200, smoke_timeout_s=120),
 ]

@@ -1,8 +1,12 @@
-"""CPU time the hypervisor took from this VM (``steal`` in ``/proc/stat``) over a window.
+"""Steal (``/proc/stat``) over a window: time this VM's vCPUs were ready to run and the
+hypervisor did not run them.
 
-On a shared VM, neighbours' load shows up here, not in our processes' CPU time: a
-latency figure measured while 20 % of the machine was stolen is a figure of the host,
-so each lateness round reports the share stolen during it.
+It is not only other guests' load. On the 2-vCPU VM these benchmarks run on, a workload
+that sleeps and wakes often collects it by itself: on an otherwise idle VM, a TCP
+ping-pong between two threads showed 34-39 % steal and an fdatasync loop 10-23 %, where
+two spinning processes showed 0.2-1.2 %; and one workload's steal varies from minute to
+minute with the host. So a lateness round reports it as a condition of that round (of
+the host, and of how the measured system sleeps), beside its figures.
 """
 
 from __future__ import annotations
