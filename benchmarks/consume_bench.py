@@ -217,12 +217,6 @@ def _redis_peer() -> Any:
     return RedisPeer("redis", [], "sorted set + Lua pop")
 
 
-def _redis_missing() -> str | None:
-    """Why the Redis peer cannot run here, or None."""
-    why: str | None = _redis_peer().missing()
-    return why
-
-
 def bench_redis(rate: int, seconds: float) -> tuple[dict[str, Any], list[float]]:
     peer = _redis_peer()
     total = int(rate * seconds)
@@ -403,7 +397,7 @@ def run(
     samples: dict[str, list[float]] = {}
     notes: list[str] = []
     targets: list[dict[str, Any]] = []
-    why = _redis_missing() if redis else None
+    why = _redis_peer().missing() if redis else None
     if why:
         notes.append(f"redis peer skipped: {why}")
         redis = False

@@ -140,19 +140,14 @@ class IdIndex:
 
     def add_fired(self, items: Iterable[tuple[bytes, int, int]]) -> None:
         """Add the FIRED entries of ``(message record, position, fired_at_ms)`` (the firing
-        thread; the key is :func:`record_key`'s, computed inline: once per fired message):
-        kept apart until the next flush, under a lock no write is made with."""
+        thread): kept apart until the next flush, under a lock no write is made with."""
         pack = ENTRY.pack
-        unpack_len = _ID_LEN.unpack_from
-        crc, adler = zlib.crc32, zlib.adler32
-        start = rec.HEADER_SIZE
+        key_of = record_key
         tag = FIRED << 56
         fired = self._fired
         with self._kept_lock:
             for data, pos, t in items:
-                (n,) = unpack_len(data, _ID_LEN_AT)
-                b = data[start : start + n]
-                key = crc(b) | adler(b) << 32
+                key = key_of(data)
                 fired[key & _PART_MASK] += pack(key, pos, tag | (t & _TIME_MASK))
 
     def _move_fired(self) -> None:

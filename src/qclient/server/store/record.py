@@ -315,7 +315,6 @@ _OFF_KIND = 12
 _OFF_FIRED = 37  # fired_at_ms, qoffset, ref: three i64
 _ROUTE = struct.Struct("<BiiqqqqqHH")  # up to len(topic)
 _FIRED_FIELDS = struct.Struct("<qqq")
-_CRC = struct.Struct("<I")
 
 
 _KIND_FIRED_BYTE = bytes([KIND_FIRED])

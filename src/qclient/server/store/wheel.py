@@ -160,22 +160,18 @@ class Wheel:
         heap = self.heap
         out: list[tuple[int, int, int]] = []
         bound = (now_ms + 1) << 64
-        # once per fired message: the lookups are bound here, not made per entry
-        pop, firing, cancelled, bucket_ms = (
-            heapq.heappop,
-            self.firing,
-            self.cancelled,
-            self.bucket_ms,
-        )
+        # this loop runs once per fired message: its lookups are bound once per call
+        pop, firing, cancelled = heapq.heappop, self.firing, self.cancelled
         while heap and heap[0] < bound and len(out) < limit:
             key = pop(heap)
             deliver_at = key >> 64
             pos = (key >> _SIZE_BITS) & _POS_MASK
-            if cancelled or pos in firing:  # (no cancelled set at all: the common case)
-                b = deliver_at // bucket_ms
-                if self.is_cancelled(b, pos) or pos in firing:
-                    self.state_for(b).outstanding -= 1
-                    continue
+            # (no cancelled set at all is the common case: no bucket arithmetic then)
+            if pos in firing or (
+                cancelled and self.is_cancelled(deliver_at // self.bucket_ms, pos)
+            ):
+                self.state_for(deliver_at // self.bucket_ms).outstanding -= 1
+                continue
             firing.add(pos)
             out.append((deliver_at, pos, key & _SIZE_MASK))
         return out
