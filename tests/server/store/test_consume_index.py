@@ -240,7 +240,7 @@ def test_records_dropped_from_memory_leave_reads_and_the_kept_list_right(tmp_pat
 def test_fired_entries_are_found_under_the_key_of_their_id(
     tmp_path_factory: pytest.TempPathFactory, msg_ids: list[str]
 ) -> None:
-    """add_fired computes each key inline from the record: the same key id_key gives."""
+    """add_fired keys each entry by its record: the same key id_key gives for the id."""
     ids = IdIndex(tmp_path_factory.mktemp("ids"), fsync=False)
     ids.recover()
     records = [rec.encode(rec.KIND_MESSAGE, m, "t", b"x") for m in msg_ids]
