@@ -333,20 +333,20 @@ def _targets(r: dict[str, Any], floor: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _over_rounds(
-    got: list[tuple[dict[str, Any], list[float]]], attempts: list[dict[str, Any]]
+    got: list[tuple[dict[str, Any], list[float]]], remeasured: list[dict[str, Any]]
 ) -> tuple[dict[str, Any], list]:
     """One system's rounds at one rate as one result: the round with the median p99 (its
     samples too), every round's p50, p99 and steal beside it, the steal of the attempts
-    measured again (``_measure``), and lost, early and duplicates summed over every
-    attempt (each must be 0 in every one, not in a typical one)."""
+    measured again (``remeasured``, see ``_measure``), and lost, early and duplicates
+    summed over every attempt (each must be 0 in every one, not in a typical one)."""
     ranked = sorted(got, key=lambda g: g[0]["lateness_p99_ms"])
     res, lat = ranked[(len(ranked) - 1) // 2]
     res = dict(res)
     res["rounds_p50_ms"] = [g[0]["lateness_p50_ms"] for g in got]
     res["rounds_p99_ms"] = [g[0]["lateness_p99_ms"] for g in got]
     res["rounds_steal_pct"] = [g[0].get("steal_pct") for g in got]
-    kept = {id(g[0]) for g in got}
-    res["remeasured_steal_pct"] = [a.get("steal_pct") for a in attempts if id(a) not in kept]
+    res["remeasured_steal_pct"] = [a.get("steal_pct") for a in remeasured]
+    attempts = [g[0] for g in got] + remeasured
     for key in ("lost", "early", "duplicates"):
         if key in res:
             res[key] = sum(a[key] for a in attempts)
@@ -369,17 +369,17 @@ def _measure(
     retries: int,
 ) -> tuple[tuple[dict[str, Any], list[float]], list[dict[str, Any]]]:
     """One round of one system, measured again (at most ``retries`` more times) while the
-    steal during it was over ``max_steal`` %. Returns the last attempt and every
-    attempt's result, all printed."""
-    attempts = []
-    for _ in range(1 + retries):
+    steal during it was over ``max_steal`` %. Returns the last attempt and the results
+    of the ones before it, all printed."""
+    earlier: list[dict[str, Any]] = []
+    for attempt in range(1 + retries):
         r, lat = once()
-        attempts.append(r)
-        steal = r.get("steal_pct")
         _report(label, r)
-        if steal is None or steal <= max_steal:
+        steal = r.get("steal_pct")
+        if steal is None or steal <= max_steal or attempt == retries:
             break
-    return (r, lat), attempts
+        earlier.append(r)
+    return (r, lat), earlier
 
 
 def run(
@@ -406,7 +406,7 @@ def run(
             # interleaved rounds (qclient, floor, Redis, then again): one figure per
             # system from the same minutes of this shared machine (_over_rounds)
             runs: dict[str, list[tuple[dict[str, Any], list[float]]]] = {}
-            tried: dict[str, list[dict[str, Any]]] = {}
+            remeasured: dict[str, list[dict[str, Any]]] = {}
             systems: list[tuple[str, str, Callable[[], Any]]] = [
                 ("qclient", "qclient", _each_on_a_new_topic(cluster, rate, seconds)),
                 ("floor", "pull floor", partial(bench_floor, rate, seconds)),
@@ -415,11 +415,11 @@ def run(
                 systems.append(("redis", "redis", partial(bench_redis, rate, seconds)))
             for _round in range(rounds):
                 for system, label, once in systems:
-                    kept, attempts = _measure(label, once, max_steal, retries)
+                    kept, earlier = _measure(label, once, max_steal, retries)
                     runs.setdefault(system, []).append(kept)
-                    tried.setdefault(system, []).extend(attempts)
+                    remeasured.setdefault(system, []).extend(earlier)
             for system, got in runs.items():
-                res, lat = _over_rounds(got, tried[system])
+                res, lat = _over_rounds(got, remeasured[system])
                 results[f"{system}_{rate}"] = res
                 samples[f"{_SAMPLE_LABELS[system]} @{rate:,}/s"] = _sampled(lat)
                 if rounds > 1:

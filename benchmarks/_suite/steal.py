@@ -1,5 +1,5 @@
-"""Steal (``/proc/stat``) over a window: time this VM's vCPUs were ready to run and the
-hypervisor did not run them.
+"""Steal over a window: time this VM's vCPUs were ready to run and the hypervisor did not
+run them (``psutil.cpu_times().steal``, from ``/proc/stat``).
 
 It is not only other guests' load. On the 2-vCPU VM these benchmarks run on, a workload
 that sleeps and wakes often collects it by itself: on an otherwise idle VM, a TCP
@@ -11,23 +11,11 @@ the host, and of how the measured system sleeps), beside its figures.
 
 from __future__ import annotations
 
-from pathlib import Path
+from typing import Any
+
+import psutil
 
 __all__ = ["StealMeter"]
-
-_STAT = Path("/proc/stat")
-_STEAL = 7  # the 8th number of the "cpu" line: steal, in clock ticks
-
-
-def _ticks() -> list[int] | None:
-    try:
-        line = _STAT.read_text().splitlines()[0]
-    except (OSError, IndexError):
-        return None
-    fields = line.split()
-    if fields[0] != "cpu" or len(fields) <= _STEAL + 1:
-        return None
-    return [int(x) for x in fields[1:]]
 
 
 class StealMeter:
@@ -35,18 +23,17 @@ class StealMeter:
     window (every CPU), or None where the kernel does not report it."""
 
     def __init__(self) -> None:
-        self._start: list[int] | None = None
+        self._start: Any = None
         self.pct: float | None = None
 
     def __enter__(self) -> StealMeter:
-        self._start = _ticks()
+        self._start = psutil.cpu_times()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        end = _ticks()
-        if self._start is None or end is None:
+        end = psutil.cpu_times()
+        if not hasattr(end, "steal"):  # not Linux
             return
-        delta = [b - a for a, b in zip(self._start, end, strict=False)]
-        total = sum(delta)
+        total = sum(end) - sum(self._start)
         if total > 0:
-            self.pct = round(100 * delta[_STEAL] / total, 1)
+            self.pct = round(100 * (end.steal - self._start.steal) / total, 1)
