@@ -65,6 +65,7 @@ _STORE_INT_KEYS = {
     "dedupe_max_ids",
     "max_pending_messages",
     "sync_interval_ms",
+    "fire_ahead_ms",
     "checkpoint_interval_ms",
     "offsets_write_ms",
     "retain_fired_ms",

@@ -39,6 +39,30 @@ PRINTABLE_128_RE = re.compile(r"^[\x21-\x7e]{1,128}\Z")
 MIN_GROUP_LEASE_MS = 300
 MAX_GROUP_LEASE_MS = 120_000
 MAX_GROUP_MEMBERS = 1024
+#: a broker fires messages into its consume logs this long before their deliver time and
+#: hands them early only to pulls that hold each one until its time (``PullRequest.hold``),
+#: answering such a pull once something is due within :func:`hold_answer_ms` of it: a
+#: broker or consumer stalled for less than that (a preempted vCPU, a slow fsync round)
+#: delays nothing. A cancel or a move has to reach the broker this long before the
+#: deliver time. A pull without ``hold`` gets a message only once it is due (and a
+#: queue's messages wait behind its first one not due yet: a short delay sent after a
+#: longer one can be up to this late for such readers).
+DEFAULT_FIRE_AHEAD_MS = 40
+MAX_FIRE_AHEAD_MS = 1000
+
+
+def firing_time_ms(deliver_at_ms: int, fire_ahead_ms: int = DEFAULT_FIRE_AHEAD_MS) -> int:
+    """When a broker fires a message due at ``deliver_at_ms``: never before this, and its
+    firing lateness counts from it."""
+    return deliver_at_ms - fire_ahead_ms
+
+
+def hold_answer_ms(fire_ahead_ms: int) -> int:
+    """A holding pull is answered once a message for it is due within this many ms: at a
+    steady rate every ``fire_ahead_ms`` minus this (10 ms of messages by default), each
+    message this long (30 ms) before its time -- the stall it survives."""
+    return fire_ahead_ms * 3 // 4
+
 
 PERM_READ = 4
 PERM_WRITE = 2
@@ -310,6 +334,10 @@ class PullRequest(_Base):
     #: with ``client_id``: the queues to read, queue id -> offset to read from (-1: the
     #: group's committed offset)
     queues: dict[int, int] = {}
+    #: the reader keeps each message until its ``deliver_at_ms`` (by the broker's clock,
+    #: see ``PullResponse.clock_ns``): the broker also serves messages fired ahead of
+    #: their time (DEFAULT_FIRE_AHEAD_MS); without it, only due ones
+    hold: bool = False
 
 
 class PulledMessage(_Base):
@@ -334,6 +362,12 @@ class PullResponse(_Base):
     #: group pulls: requested queues this member does not hold (not served, commits for
     #: them ignored); the member stops reading them until it holds them again
     lost: list[int] = []
+    #: the broker's wall clock (ns since the epoch) when it answered: a holding reader
+    #: releases a message once this clock, as it estimates it, reaches its deliver time
+    clock_ns: int = 0
+    #: how long before their deliver time this broker fires messages (served early only
+    #: to ``hold`` pulls, each answered once something is due within hold_answer_ms)
+    fire_ahead_ms: int = 0
 
 
 class GroupHeartbeat(_Base):
@@ -361,6 +395,9 @@ class GroupState(_Base):
     queues: int
     #: queues the member holds after this heartbeat, sorted
     owned: list[int] = []
+    #: the broker's wall clock (ns) when it answered, as in PullResponse: a small answer
+    #: is the holding reader's best sample of the broker's clock
+    clock_ns: int = 0
 
 
 # --- broker: admin ---------------------------------------------------------------

@@ -218,7 +218,7 @@ class BrokerCollector:
         cumulative, total = late.snapshot()
         yield _histogram(
             "qclient_broker_fire_lateness_seconds",
-            "fired_at - deliver_at of fired messages",
+            "fired_at - deliver_at of fired messages (0 if fired ahead of it)",
             late.bounds,
             cumulative,
             total,

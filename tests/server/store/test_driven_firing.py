@@ -7,9 +7,11 @@ from __future__ import annotations
 import gc
 import threading
 
+import pytest
 from tests.server.store.conftest import FakeClock, msg, visible, wait_until
 
-from qclient.server.store import firing
+from qclient.protocol.wire import MAX_FIRE_AHEAD_MS
+from qclient.server.store import StoreConfig, firing
 
 
 def test_fire_due_fires_at_the_due_ms_and_not_before(make_store) -> None:
@@ -82,3 +84,26 @@ def test_fired_messages_leave_nothing_for_the_cyclic_collector(make_store) -> No
 
     # the syncer lets go of each step's hand-off once it has written it
     wait_until(lambda: grown() < n // 20, timeout=10)
+
+
+def test_fire_ahead_fires_that_early_and_no_earlier(make_store) -> None:
+    clock = FakeClock(5_000_000)
+    s = make_store(clock=clock, firing_thread=False, fire_ahead_ms=10)
+    s.submit([msg(0, clock.now + 30)]).result(10)
+    wait = s.fire_due()
+    assert wait is not None and 0.015 <= wait <= 0.021  # until deliver_at - 10 ms
+    clock.advance(19)
+    s.fire_due()
+    assert visible(s, "t") == 0, "fired before deliver_at - fire_ahead_ms"
+    clock.advance(1)
+    s.fire_due()
+    (m,) = s.pull("t", 0, 0, 10)
+    assert m.fired_at_ms == m.deliver_at_ms - 10 == clock.now
+    # fired ahead of deliver_at is not late
+    assert list(s._firing.lateness) == [0]
+
+
+@pytest.mark.parametrize("ahead", [-1, MAX_FIRE_AHEAD_MS + 1])
+def test_fire_ahead_out_of_range_is_refused(tmp_path, ahead: int) -> None:
+    with pytest.raises(ValueError, match="fire_ahead_ms"):
+        StoreConfig(tmp_path, fire_ahead_ms=ahead)

@@ -6,7 +6,9 @@ import asyncio
 import gc
 import ssl
 import sys
+import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +65,9 @@ class Broker(SendHandlers):
             # its period bounds only what a power loss re-fires: fewer, larger fsyncs
             # (each round is several blocking syscalls on the syncer thread)
             tunables.setdefault("sync_interval_ms", 50)
+        if not tunables["firing_thread"]:
+            # fired a little early, held by the pulls: see wire.DEFAULT_FIRE_AHEAD_MS
+            tunables.setdefault("fire_ahead_ms", wire.DEFAULT_FIRE_AHEAD_MS)
         store_cfg = StoreConfig(
             data_dir=data_dir / "store", max_delay_ms=config.max_delay_ms, **tunables
         )
@@ -79,6 +84,10 @@ class Broker(SendHandlers):
         self.committer: LoopCommitter  # set by start()
         self.request_metrics: RequestMetrics | None = None  # set by create_app
         self.counters: dict[str, int] = defaultdict(int)
+
+    @property
+    def fire_ahead_ms(self) -> int:
+        return self.store.config.fire_ahead_ms
 
     # --- lifecycle ------------------------------------------------------------------
 
@@ -186,28 +195,89 @@ class Broker(SendHandlers):
                 )
         for queue_id, offset in body.commits.items():
             self.store.commit_offset(body.group, body.topic, queue_id, offset)
-        seq = self.fired.seq
-        messages = self._read(body.topic, body.group, cfg.read_queue_nums, body.max_messages)
-        if not messages and body.wait_ms > 0 and body.max_messages > 0:
-            await self.fired.wait(body.topic, body.wait_ms / 1000, seq)
-            messages = self._read(body.topic, body.group, cfg.read_queue_nums, body.max_messages)
+        topic, group, queues = body.topic, body.group, cfg.read_queue_nums
+
+        def read() -> tuple[list[wire.PulledMessage], int | None]:
+            offsets = {q: self.store.committed_offset(group, topic, q) for q in range(queues)}
+            return self.read_from(topic, offsets, body.max_messages, body.hold)
+
+        messages = await self.long_poll(topic, read, body.wait_ms, body.hold, body.max_messages)
+        return reply(request, self.pull_answer(messages))
+
+    def pull_answer(
+        self, messages: list[wire.PulledMessage], lost: list[int] | None = None
+    ) -> wire.PullResponse:
+        """The answer to a pull (plain or a group member's) that found ``messages``."""
         next_offsets: dict[int, int] = {}
         for m in messages:
             next_offsets[m.queue_id] = max(next_offsets.get(m.queue_id, 0), m.offset + 1)
         self.counters["pulled"] += len(messages)
-        return reply(request, wire.PullResponse(self.config.name, messages, next_offsets))
+        return wire.PullResponse(
+            self.config.name,
+            messages,
+            next_offsets,
+            lost or [],
+            clock_ns=time.time_ns(),
+            fire_ahead_ms=self.fire_ahead_ms,
+        )
 
-    def _read(self, topic: str, group: str, queues: int, limit: int) -> list[wire.PulledMessage]:
-        offsets = {q: self.store.committed_offset(group, topic, q) for q in range(queues)}
-        return self.read_from(topic, offsets, limit)
+    async def long_poll(
+        self,
+        topic: str,
+        read: Callable[[], tuple[list[wire.PulledMessage], int | None]],
+        wait_ms: int,
+        hold: bool,
+        limit: int,
+        still: Callable[[], bool] = lambda: True,
+    ) -> list[wire.PulledMessage]:
+        """``read()``'s messages, waiting up to ``wait_ms`` while there are none -- for a
+        holding pull (``hold``), while none is due within ``wire.hold_answer_ms`` and
+        fewer than ``limit`` came -- until something fires in ``topic`` (for a holding
+        pull with messages: something due before the earliest of them), the earliest
+        message held back is due (holding: is due that soon), or ``still()`` (checked
+        after each wait) turns False.
+
+        So at a steady rate a holding reader is answered every 10 ms or so with what
+        fired meanwhile, each message ~30 ms before its time: a broker (or a reader)
+        stalled for less delays nothing.
+        """
+        seq = self.fired.seq
+        soon_ms = wire.hold_answer_ms(self.fire_ahead_ms) if hold else None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_ms / 1000
+        while True:
+            messages, wake_ms = read()  # (without messages: when the held-back one is due)
+            earliest = None  # (holding) the earliest deliver time among the messages
+            if messages:
+                if soon_ms is None or len(messages) >= limit:
+                    return messages
+                earliest = min(m.deliver_at_ms for m in messages)
+                wake_ms = earliest - soon_ms
+                if wake_ms <= time.time_ns() // 1_000_000:
+                    return messages
+            left = deadline - loop.time()
+            if left <= 0 or limit <= 0:
+                return messages
+            if wake_ms is not None:
+                left = min(left, max(0.0, wake_ms / 1000 - time.time()))
+            await self.fired.wait(topic, left, seq, earliest)
+            if not still():
+                return messages
+            seq = self.fired.seq
 
     def read_from(
-        self, topic: str, offsets: dict[int, int], limit: int
-    ) -> list[wire.PulledMessage]:
-        """Up to ``limit`` fired messages of the queues in ``offsets`` (queue -> start)."""
+        self, topic: str, offsets: dict[int, int], limit: int, hold: bool
+    ) -> tuple[list[wire.PulledMessage], int | None]:
+        """Up to ``limit`` fired messages of the queues in ``offsets`` (queue -> start).
+        Messages fire up to ``fire_ahead_ms`` before their time: with ``hold`` (the
+        reader keeps each until its ``deliver_at_ms``) they are all served; without it a
+        queue's messages stop at the first one not due yet, whose deliver time (the
+        earliest among the queues) comes second."""
         out: list[wire.PulledMessage] = []
         if limit <= 0 or not offsets:
-            return out
+            return out, None
+        due_by = None if hold or not self.fire_ahead_ms else time.time_ns() // 1_000_000
+        held_due: int | None = None
         offsets = dict(offsets)
         # Fair share per queue first, then fill up from whichever has more.
         share = max(1, limit // len(offsets))
@@ -223,6 +293,14 @@ class Broker(SendHandlers):
                 got = self.store.pull(topic, q, offsets[q], room)
                 if len(got) < room:
                     drained.add(q)
+                if due_by is not None:
+                    for i, f in enumerate(got):
+                        if f.deliver_at_ms > due_by:  # the rest of the queue waits for it
+                            if held_due is None or f.deliver_at_ms < held_due:
+                                held_due = f.deliver_at_ms
+                            got = got[:i]
+                            drained.add(q)
+                            break
                 for f in got:
                     if out and size + len(f.body) > self.config.max_pull_bytes:
                         break
@@ -243,7 +321,7 @@ class Broker(SendHandlers):
                         )
                     )
                     offsets[q] = f.offset + 1
-        return out
+        return out, held_due
 
     async def create_topic(self, request: Request) -> Response:
         body = await read_body(request, wire.CreateTopicRequest)

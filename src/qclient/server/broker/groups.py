@@ -11,7 +11,6 @@ a broker restart members simply claim their queues again.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -177,7 +176,10 @@ async def group_heartbeat(request: Any) -> Any:
     if body.leave:  # its parked long polls: answer them now (they lost their queues)
         broker.fired.wake(body.topic)
     broker.counters["group_heartbeats"] += 1
-    return reply(request, wire.GroupState(broker.config.name, members, cfg.read_queue_nums, owned))
+    state = wire.GroupState(
+        broker.config.name, members, cfg.read_queue_nums, owned, clock_ns=time.time_ns()
+    )
+    return reply(request, state)
 
 
 async def group_pull(
@@ -186,7 +188,7 @@ async def group_pull(
     """A pull by a group member (topic and group names checked by the caller): only the
     queues it holds are committed and served. A long poll waits until one of those
     queues has messages (a fire in the topic's other queues does not end it), the
-    member lost them all, or ``wait_ms`` passed."""
+    member lost them all, or ``wait_ms`` passed (``Broker.long_poll``)."""
     assert body.client_id is not None
     _check_client_id(body.client_id)
     for q in body.queues:
@@ -210,22 +212,21 @@ async def group_pull(
             out[q] = off
         return out
 
-    seq = broker.fired.seq
-    messages = broker.read_from(topic, starts(), body.max_messages)
-    if not messages and served and body.wait_ms > 0 and body.max_messages > 0:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + body.wait_ms / 1000
-        while not messages and served:
-            left = deadline - loop.time()
-            if left <= 0:
-                break
-            await broker.fired.wait(topic, left, seq)
-            served = sorted(table.hold(group, topic, cid, served))
-            seq = broker.fired.seq
-            messages = broker.read_from(topic, starts(), body.max_messages)
+    def read() -> tuple[list[wire.PulledMessage], int | None]:
+        return broker.read_from(topic, starts(), body.max_messages, body.hold)
+
+    def still_held() -> bool:  # after each wait: it may have lost queues meanwhile
+        nonlocal served
+        served = sorted(table.hold(group, topic, cid, served))
+        return bool(served)
+
+    messages = await broker.long_poll(
+        topic,
+        read,
+        body.wait_ms if served else 0,
+        body.hold,
+        body.max_messages,
+        still_held,
+    )
     lost = sorted(q for q in body.queues if q not in served)
-    next_offsets: dict[int, int] = {}
-    for m in messages:
-        next_offsets[m.queue_id] = max(next_offsets.get(m.queue_id, 0), m.offset + 1)
-    broker.counters["pulled"] += len(messages)
-    return reply(request, wire.PullResponse(broker.config.name, messages, next_offsets, lost))
+    return reply(request, broker.pull_answer(messages, lost))

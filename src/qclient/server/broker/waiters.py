@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+from collections.abc import Mapping
 
 __all__ = ["FireWaiters"]
 
@@ -26,12 +27,20 @@ class FireWaiters:
     pullable and registers just after the firing thread looked: the firing thread bumps
     ``seq`` before it looks, the pull registers before it compares ``seq``, so one of the
     two always sees the other.
+
+    A holding pull that already has messages (its reader keeps each until its time, and
+    the pull is answered once the earliest is due soon, by its own timer) waits with
+    ``earlier_than``, that earliest deliver time: only a fire of something due before it
+    can change the answer, so only that wakes it. Messages fired ahead of their time at a
+    steady rate then wake nobody.
     """
 
     def __init__(self) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
         self._waiting: dict[str, set[asyncio.Future[None]]] = {}
+        # holding pulls with messages: topic -> future -> earlier_than
+        self._holding: dict[str, dict[asyncio.Future[None], int]] = {}
         #: bumped (by the firing thread) each time messages become pullable
         self.seq = 0
 
@@ -40,15 +49,15 @@ class FireWaiters:
         self._loop = loop
         self._loop_thread = threading.get_ident()
 
-    def fired(self, topics: set[str]) -> None:
-        """Messages of ``topics`` are pullable now (any thread)."""
+    def fired(self, topics: Mapping[str, int]) -> None:
+        """Messages of ``topics`` (topic -> the earliest deliver time, ms, among them)
+        are pullable now (any thread)."""
         self.seq += 1
         loop = self._loop
         if loop is None:
             return
-        waiting = self._waiting
         for topic in topics:
-            if waiting.get(topic):
+            if self._waiting.get(topic) or self._holding.get(topic):
                 if threading.get_ident() == self._loop_thread:  # fired on the loop
                     self._wake(topics)
                     return
@@ -56,22 +65,36 @@ class FireWaiters:
                     loop.call_soon_threadsafe(self._wake, topics)
                 return
 
-    def _wake(self, topics: set[str]) -> None:
-        for topic in topics:
-            self.wake(topic)
+    def _wake(self, topics: Mapping[str, int]) -> None:
+        for topic, earliest in topics.items():
+            self.wake(topic, holding=False)
+            holding = self._holding.get(topic)
+            if holding:
+                for fut, earlier_than in list(holding.items()):
+                    if earliest < earlier_than:
+                        _release(fut)
 
-    def wake(self, topic: str) -> None:
+    def wake(self, topic: str, *, holding: bool = True) -> None:
         """End the waits on ``topic`` now (event loop thread): each pull looks again."""
         for fut in self._waiting.pop(topic, ()):
             _release(fut)
+        if holding:
+            for fut in self._holding.pop(topic, {}):
+                _release(fut)
 
-    async def wait(self, topic: str, timeout: float, seq: int) -> None:
+    async def wait(
+        self, topic: str, timeout: float, seq: int, earlier_than: int | None = None
+    ) -> None:
         """Return once something fires in ``topic`` after ``seq`` was read (at once if
-        something did already), or after ``timeout`` seconds."""
+        something did already; with ``earlier_than``, only something due before that,
+        ms), or after ``timeout`` seconds."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()
-        waiting = self._waiting.setdefault(topic, set())
-        waiting.add(fut)
+        if earlier_than is None:
+            waiting = self._waiting.setdefault(topic, set())
+            waiting.add(fut)
+        else:
+            self._holding.setdefault(topic, {})[fut] = earlier_than
         try:
             if self.seq != seq or timeout <= 0:
                 return
@@ -81,7 +104,13 @@ class FireWaiters:
             finally:
                 timer.cancel()
         finally:
-            waiting = self._waiting.get(topic, set())
-            waiting.discard(fut)
-            if not waiting:
-                self._waiting.pop(topic, None)
+            if earlier_than is None:
+                waiting = self._waiting.get(topic, set())
+                waiting.discard(fut)
+                if not waiting:
+                    self._waiting.pop(topic, None)
+            else:
+                holding = self._holding.get(topic, {})
+                holding.pop(fut, None)
+                if not holding:
+                    self._holding.pop(topic, None)

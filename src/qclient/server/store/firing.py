@@ -1,7 +1,8 @@
 """Firing: sleep until the earliest due wheel entry (woken early by a sooner one), pop
 what is due, read the records back and append them to the consume logs, and (with
 ``visible_before_sync``) make them pullable and wake the fire listeners at once; the
-syncer then makes them durable. An entry never fires before its ``deliver_at_ms``.
+syncer then makes them durable. An entry never fires before its ``deliver_at_ms``
+minus ``StoreConfig.fire_ahead_ms`` (0 unless the owner holds messages until their time).
 
 Two drivers: the store's own firing thread (:meth:`Firing.run`), or, with
 ``StoreConfig.firing_thread`` off, the store's owner calling :meth:`Firing.fire_due` at
@@ -70,6 +71,7 @@ class Firing:
     def __init__(self, sh: Shared, syncer: Syncer):
         self._sh = sh
         self._syncer = syncer
+        self._ahead = sh.config.fire_ahead_ms
         self._stop = False
         # held through each fire_due() call, so stop() returns only after the step in
         # progress (the store closes its files next)
@@ -97,7 +99,7 @@ class Firing:
                 return None
             with sh.sched:
                 now = sh.clock()
-                due = sh.wheel.pop_due(now, _DRIVEN_BATCH)
+                due = sh.wheel.pop_due(now + self._ahead, _DRIVEN_BATCH)
                 if not due:
                     return self._wait_s(now)
             if not self._fire_or_retry(due, now):
@@ -116,6 +118,7 @@ class Firing:
             nxt = self._sh.wheel.next_due()
         if nxt is None:
             return MAX_WAIT_S
+        nxt -= self._ahead
         t_ms, into_ns = divmod(time.time_ns(), 1_000_000)
         into_ms = into_ns / 1e6 + (1 if t_ms == now + 1 else 0)  # just ticked
         return max(0.0, min(MAX_WAIT_S, (nxt - now - into_ms) / 1000))
@@ -139,7 +142,7 @@ class Firing:
                 if self._stop:
                     return
                 now = sh.clock()
-                due = w.pop_due(now, _FIRE_BATCH)
+                due = w.pop_due(now + self._ahead, _FIRE_BATCH)
                 if due:
                     break
                 timeout = self._wait_s(now)
@@ -176,6 +179,9 @@ class Firing:
         bucket_ms = sh.bucket_ms
         verify = rec.verify_route
         topics: dict[bytes, str] = {}  # topic bytes -> its name, checked (in this call)
+        # topic -> the earliest deliver time fired in it (a holding pull that has
+        # messages wakes only for something due before them: server/broker/waiters.py)
+        earliest: dict[str, int] = {}
         for d, pos, _size in due:
             raw = raws[pos]
             dispatch[d // bucket_ms].append(pos)
@@ -191,7 +197,9 @@ class Firing:
                 sh.stats["corrupt_records"] += 1
                 continue
             by_q[(topic, qid)].append((raw, pos, fired_at))
-            late.append(fired_at - d)
+            late.append(fired_at - d if fired_at > d else 0)  # fired ahead: not late
+            if d < earliest.get(topic, d + 1):
+                earliest[topic] = d
         lateness.extend(late)
         sh.lateness.observe_many(late)
         queues = []
@@ -211,20 +219,22 @@ class Firing:
                 for d, pos, _size in due:
                     if pos not in self._unsent:
                         dispatch[d // bucket_ms].append(pos)
-                self._delivered(queues, by_q, dispatch)
+                self._delivered(queues, by_q, dispatch, earliest)
             raise
         self._unsent = set()
-        self._delivered(queues, by_q, dispatch)
+        self._delivered(queues, by_q, dispatch, earliest)
 
     def _delivered(
         self,
         queues: list[ConsumeQueue],
         by_q: dict[tuple[str, int], list[tuple[bytes, int, int]]],
         dispatch: dict[int, list[int]],
+        earliest: dict[str, int],
     ) -> None:
         """Copies appended to the consume logs ``queues``: count them, index their fired
         time, make them visible (with ``visible_before_sync``) and hand them to the syncer
-        (``dispatch``: every position they settle, dropped corrupt entries included)."""
+        (``dispatch``: every position they settle, dropped corrupt entries included;
+        ``earliest``: per topic, the earliest deliver time among them)."""
         sh = self._sh
         sh.stats["fired"] += sum(len(v) for v in by_q.values())
         ids = sh.files.ids
@@ -232,7 +242,7 @@ class Firing:
             # the fired time, for lookups (the state itself is the dispatch log's)
             for items in by_q.values():
                 ids.add_fired(items)
-        topics = {t for t, _ in by_q}
+        topics = {t: earliest[t] for t, _q in by_q}
         if sh.config.visible_before_sync:
             # Visible before the fsync: a crash can lose these copies only together with
             # their dispatch records (written after the fsync), so they fire again, and

@@ -381,8 +381,9 @@ class DelayStore:
         check_queue_id(queue_id)
         return self._files.offsets.get(group, topic, queue_id)
 
-    def add_fire_listener(self, cb: Callable[[set[str]], None]) -> None:
-        """``cb(topics)`` runs when messages become pullable: on the thread that fired
+    def add_fire_listener(self, cb: Callable[[dict[str, int]], None]) -> None:
+        """``cb(topics)`` runs when messages become pullable (``topics``: topic -> the
+        earliest deliver time among them): on the thread that fired
         them (with ``visible_before_sync``), else on the syncer thread."""
         self._syncer.add_listener(cb)
 

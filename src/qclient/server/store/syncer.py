@@ -24,8 +24,11 @@ from qclient.server.store.retention import Retention
 
 log = logging.getLogger(__name__)
 
+#: topic -> the earliest deliver time (ms) among the messages fired in it: what the fire
+#: listeners are told
+FiredTopics = dict[str, int]
 # (consume queues appended to, bucket -> fired positions, topics) of one firing step
-Work = tuple[list[ConsumeQueue], dict[int, list[int]], set[str]]
+Work = tuple[list[ConsumeQueue], dict[int, list[int]], FiredTopics]
 
 
 class Syncer:
@@ -38,12 +41,12 @@ class Syncer:
         self._cv = threading.Condition(threading.Lock())  # never held with another lock
         self._work: list[Work] = []
         self._stop = False
-        self._listeners: list[Callable[[set[str]], None]] = []
+        self._listeners: list[Callable[[FiredTopics], None]] = []
 
-    def add_listener(self, cb: Callable[[set[str]], None]) -> None:
+    def add_listener(self, cb: Callable[[FiredTopics], None]) -> None:
         self._listeners.append(cb)
 
-    def notify(self, topics: set[str]) -> None:
+    def notify(self, topics: FiredTopics) -> None:
         """Tell the fire listeners that ``topics`` have new pullable messages."""
         for cb in list(self._listeners):
             try:
@@ -52,7 +55,7 @@ class Syncer:
                 log.exception("fire listener failed")
 
     def hand(
-        self, queues: list[ConsumeQueue], dispatch: dict[int, list[int]], topics: set[str]
+        self, queues: list[ConsumeQueue], dispatch: dict[int, list[int]], topics: FiredTopics
     ) -> None:
         """Fired work from the firing thread, to be made durable and visible."""
         with self._cv:
@@ -143,9 +146,11 @@ class Syncer:
             for q, upto in synced:
                 q.publish(upto)
         merged: dict[int, list[int]] = collections.defaultdict(list)
-        topics: set[str] = set()
+        topics: FiredTopics = {}
         for _, dispatch, ts in work:
-            topics |= ts
+            for t, first in ts.items():
+                if first < topics.get(t, first + 1):
+                    topics[t] = first
             for b, positions in dispatch.items():
                 merged[b].extend(positions)
         dlog = sh.files.dlog

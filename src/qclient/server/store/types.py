@@ -8,6 +8,7 @@ from pathlib import Path
 import msgspec
 
 from qclient.protocol.limits import MAX_DELAY_MS
+from qclient.protocol.wire import MAX_FIRE_AHEAD_MS
 
 
 @dataclass
@@ -40,11 +41,17 @@ class StoreConfig:
     #: ``DelayStore.fire_due()`` when ``set_fire_wake``'s callback runs and at the times
     #: it returns (the broker does, on its event loop)
     firing_thread: bool = True
+    #: fire (append to the consume log) this long before ``deliver_at_ms``: readers must
+    #: then hold each message until its time (the broker's pulls do, see
+    #: ``server/broker/app.py``); 0: never in a consume log before its time
+    fire_ahead_ms: int = 0
 
     def __post_init__(self) -> None:
         self.data_dir = Path(self.data_dir)
         if self.bucket_ms <= 0 or self.segment_bytes <= 0 or self.load_ahead_ms < 0:
             raise ValueError("bucket_ms and segment_bytes must be > 0, load_ahead_ms >= 0")
+        if not 0 <= self.fire_ahead_ms <= MAX_FIRE_AHEAD_MS:
+            raise ValueError(f"fire_ahead_ms must be 0..{MAX_FIRE_AHEAD_MS}")
 
 
 class NewMessage(msgspec.Struct):
