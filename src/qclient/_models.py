@@ -227,7 +227,10 @@ class ReceivedMessage:
 
     @property
     def lateness_ms(self) -> int:
-        return self.fired_at_ms - self.deliver_at_ms
+        """How late the broker fired it, ``fired_at_ms - deliver_at_ms``; 0 if it fired
+        ahead (brokers do, by ``fire_ahead_ms``, and the consumer holds the message until
+        its time), as the broker's fire-lateness histogram counts it."""
+        return max(0, self.fired_at_ms - self.deliver_at_ms)
 
 
 #: RocketMQ 4's 18 fixed delay levels, in seconds (level 1 = 1 s ... level 18 = 2 h).

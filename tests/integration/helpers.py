@@ -10,6 +10,7 @@ from typing import TypeVar
 import pytest
 
 from qclient import Consumer, ReceivedMessage
+from qclient.protocol import wire
 
 T = TypeVar("T")
 
@@ -32,19 +33,35 @@ def drain(
     namesrv: str, topic: str, group: str, expected: int, timeout: float, settle: float = 0.0
 ) -> list[ReceivedMessage]:
     """Consume until ``expected`` distinct ids arrived (or ``timeout``), then ``settle``
-    seconds more so duplicates and strays show up too. Commits on close."""
+    seconds more so duplicates and strays show up too. Commits on close. Each message's
+    ``extra["received_ms"]`` is when its poll returned (see :func:`not_early`)."""
     got: list[ReceivedMessage] = []
     seen: set[str] = set()
     deadline = time.monotonic() + timeout
     with Consumer(namesrv, topic, group) as consumer:
         while len(seen) < expected and time.monotonic() < deadline:
-            for m in consumer.poll(max_messages=512, timeout=0.5):
+            batch = consumer.poll(max_messages=512, timeout=0.5)
+            received_ms = time.time_ns() // 1_000_000
+            for m in batch:
+                m.extra["received_ms"] = received_ms
                 got.append(m)
                 seen.add(m.msg_id)
         end = time.monotonic() + settle
         while time.monotonic() < end:
-            got.extend(consumer.poll(max_messages=512, timeout=min(0.5, settle)))
+            batch = consumer.poll(max_messages=512, timeout=min(0.5, settle))
+            received_ms = time.time_ns() // 1_000_000
+            for m in batch:
+                m.extra["received_ms"] = received_ms
+            got.extend(batch)
     return got
+
+
+def not_early(m: ReceivedMessage) -> bool:
+    """Received (by :func:`drain`) at or after its deliver time, and fired no earlier
+    than the broker's fire-ahead allows (it holds such messages until their time)."""
+    return m.extra["received_ms"] >= m.deliver_at_ms and m.fired_at_ms >= wire.firing_time_ms(
+        m.deliver_at_ms
+    )
 
 
 def duplicates(messages: list[ReceivedMessage]) -> int:

@@ -12,6 +12,8 @@ import time
 import psutil
 import pytest
 
+from qclient.protocol import wire
+
 QCLIENT = [sys.executable, "-m", "qclient"]
 
 
@@ -84,7 +86,7 @@ def test_dev_send_route_topic_consume(dev_cluster):
     got = json.loads(r.stdout.splitlines()[0])
     assert got["msg_id"] == sent["msg_id"]
     assert got["body"] == "hello cli"
-    assert got["fired_at_ms"] >= sent["deliver_at_ms"]
+    assert got["fired_at_ms"] >= sent["deliver_at_ms"] - wire.DEFAULT_FIRE_AHEAD_MS
 
 
 def test_dev_stops_its_children_on_sigterm():

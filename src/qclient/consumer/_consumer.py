@@ -18,7 +18,6 @@ import socket
 import threading
 import time
 import uuid
-from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from types import TracebackType
@@ -32,7 +31,7 @@ from ..routing.nameserver import NameServerClient
 from ..routing.publish_info import master_addrs
 from ..transport.http import Credentials, SyncHttp
 from ._allocate import allocate_averagely
-from ._received import from_pulled
+from ._hold import HeldMessages
 from ._rpc import call
 
 __all__ = ["Consumer"]
@@ -60,6 +59,10 @@ class Consumer:
     ``session_timeout``: seconds after its last heartbeat or poll that a member counts as
     dead and its queues move to the others (heartbeats go every third of it).
     ``auto_commit=False``: only ``commit()`` commits (``poll()`` does not).
+
+    Brokers hand messages over up to ``fire_ahead_ms`` (40 ms) before their time; the
+    consumer holds each and ``poll()`` returns it at its deliver time by the broker's clock,
+    never earlier, earliest first.
     """
 
     def __init__(
@@ -106,9 +109,11 @@ class Consumer:
         self._delivered: dict[Key, int] = {}  # next offset after what poll() returned
         self._ack: dict[Key, int] = {}  # may be committed
         self._committed: dict[Key, int] = {}
-        self._inflight: dict[str, Future[wire.PullResponse]] = {}
+        self._inflight: dict[str, Future[tuple[wire.PullResponse, int]]] = {}
         self._sent: dict[str, tuple[dict[int, int], dict[int, int]]] = {}  # queues, commits
-        self._buffer: deque[ReceivedMessage] = deque()
+        # fetched, not returned: each message until its deliver time (brokers fire a few
+        # ms ahead, see _hold.py), and what may be committed
+        self._held = HeldMessages()
         self._pool = ThreadPoolExecutor(8, thread_name_prefix="qclient-consumer")
         self._lock = threading.RLock()
         self._closed = False
@@ -129,12 +134,17 @@ class Consumer:
                 raise ConsumerClosedError("consumer is closed")
             if self.auto_commit:
                 self._ack.update(self._delivered)
-            if not self._buffer:
+            out = self._release(max_messages)
+            if not out:
                 self._fetch(timeout, max_messages)
-            out = [self._buffer.popleft() for _ in range(min(max_messages, len(self._buffer)))]
-            for m in out:
-                self._delivered[(m.broker_name, m.queue_id)] = m.offset + 1
+                out = self._release(max_messages)
         _tracing.receive(self.topic, self.group, out, start_ns)
+        return out
+
+    def _release(self, limit: int) -> list[ReceivedMessage]:
+        """Held messages that are due, up to ``limit``; what may be committed moves."""
+        out, commit = self._held.release(limit)
+        self._delivered.update(commit)
         return out
 
     def messages(
@@ -267,7 +277,8 @@ class Consumer:
 
     def _heartbeat_one(
         self, name: str, addr: str, commits: dict[int, int]
-    ) -> wire.GroupState | None:
+    ) -> tuple[wire.GroupState | None, int]:
+        """The answer, and our monotonic clock (ns) when it came (for its ``clock_ns``)."""
         want = sorted(self._target.get(name, set()))
         req = wire.GroupHeartbeat(
             self.topic, self.group, self.client_id, self._lease_ms, want, commits
@@ -282,9 +293,10 @@ class Consumer:
             wire.GroupState,
             timeout=min(self._timeout, self._interval),
         )
+        got_ns = time.monotonic_ns()
         if state is not None:
             self._committed_ok(name, commits, [])
-        return state
+        return state, got_ns
 
     # --- rebalance ------------------------------------------------------------------
 
@@ -313,7 +325,7 @@ class Consumer:
         errors: list[QClientError] = []
         for name, fut in futs.items():
             try:
-                state = fut.result()
+                state, got_ns = fut.result()
             except QClientError as exc:
                 errors.append(exc)
                 continue
@@ -321,6 +333,8 @@ class Consumer:
                 self._counts[name] = 0
                 self._set_owned(name, set())
                 continue
+            if state.clock_ns:  # small answers: the best samples of the broker's clock
+                self._held.clock(name).add(state.clock_ns, got_ns)
             self._counts[name] = state.queues
             members.update(state.members)
             self._set_owned(name, set(state.owned))
@@ -360,17 +374,14 @@ class Consumer:
             self._owned.pop(broker, None)
 
     def _drop(self, broker: str, q: int) -> None:
-        """Forget a queue no longer held: its buffered (not returned) messages go back,
-        and so do offsets not committed yet -- committing them later could move the
-        group's offset backwards, or past copies a crashed broker fires again."""
+        """Forget a queue no longer held: its held (not returned) messages go back, and
+        so do offsets not committed yet -- committing them later could move the group's
+        offset backwards, or past copies a crashed broker fires again."""
         key = (broker, q)
         for d in (self._pos, self._delivered, self._ack, self._committed):
             d.pop(key, None)
         self._owned.get(broker, set()).discard(q)
-        if any(m.broker_name == broker and m.queue_id == q for m in self._buffer):
-            self._buffer = deque(
-                m for m in self._buffer if m.broker_name != broker or m.queue_id != q
-            )
+        self._held.drop(broker, q)
 
     # --- fetching -------------------------------------------------------------------
 
@@ -382,36 +393,57 @@ class Consumer:
         commits: dict[int, int],
         wait_ms: int,
         size: int,
-    ) -> wire.PullResponse:
+    ) -> tuple[wire.PullResponse, int]:
+        """The answer, and our monotonic clock (ns) when it came (for its ``clock_ns``)."""
         req = wire.PullRequest(
-            self.topic, self.group, size, wait_ms, commits, client_id=self.client_id, queues=queues
+            self.topic,
+            self.group,
+            size,
+            wait_ms,
+            commits,
+            client_id=self.client_id,
+            queues=queues,
+            hold=True,
         )
         resp = self._request(name, addr, wire.BROKER_PULL, req, wire.PullResponse, wait_ms)
-        return resp if resp is not None else wire.PullResponse(name, [], {}, sorted(queues))
+        got_ns = time.monotonic_ns()
+        if resp is None:
+            resp = wire.PullResponse(name, [], {}, sorted(queues))
+        return resp, got_ns
 
     def _fetch(self, timeout: float, max_messages: int) -> None:
-        # a pull asks for at least 256 (what one poll does not take stays buffered)
+        """Pull until a held message is due or ``timeout`` passed. While messages are
+        held, pulls go on the pool (the due ones are released on time, whatever a pull
+        waits for); the brokers answer them every ~10 ms at a steady rate."""
+        # a pull asks for at least 256 (what one poll does not take stays held)
         size = max(256, min(max_messages, _MAX_PULL))
         deadline = time.monotonic() + max(0.0, timeout)
+        held = self._held
         while True:
             now = time.monotonic()
             if now >= self._next_hb:
                 self._rebalance()
-            remaining = deadline - time.monotonic()
-            wait_s = max(0.0, min(remaining, self._next_hb - time.monotonic()))
+                now = time.monotonic()
+            remaining = deadline - now
+            wait_s = max(0.0, min(remaining, self._next_hb - now))
+            release_ns = held.next_release_ns()
+            holding = release_ns is not None
+            sleep_s = wait_s
+            if release_ns is not None:
+                sleep_s = max(0.0, min(sleep_s, (release_ns - time.monotonic_ns()) / 1e9))
             todo = [
                 name
                 for name, owned in self._owned.items()
                 if owned and name in self._brokers and name not in self._inflight
             ]
-            # One broker to pull and none in flight: pull on this thread (no hand-offs)
-            direct = len(todo) == 1 and not self._inflight
+            # One broker to pull, none in flight, nothing held: pull on this thread
+            direct = len(todo) == 1 and not self._inflight and not holding
             for name in todo:
                 queues = {q: self._pos.get((name, q), -1) for q in self._owned[name]}
                 commits = self._pending_commits(name)
                 args = (name, self._brokers[name], queues, commits, int(wait_s * 1000), size)
                 if direct:
-                    fut: Future[wire.PullResponse] = Future()
+                    fut: Future[tuple[wire.PullResponse, int]] = Future()
                     try:
                         fut.set_result(self._pull(*args))
                     except QClientError as exc:
@@ -423,16 +455,20 @@ class Consumer:
             if direct:
                 done = set(self._inflight.values())
             elif self._inflight:
+                # a long poll may answer at its end: allow it that, unless something
+                # held comes due first
+                grace = 0.05 if remaining > 0 and not holding else 0.0
                 done, _ = wait(
                     list(self._inflight.values()),
-                    timeout=wait_s + 0.05 if remaining > 0 else 0.0,
+                    timeout=sleep_s + grace,
                     return_when=FIRST_COMPLETED,
                 )
             else:
                 done = set()
-                time.sleep(wait_s)
+                time.sleep(sleep_s)
             errors = self._collect(done)
-            if self._buffer:
+            nxt = held.next_release_ns()
+            if nxt is not None and nxt <= time.monotonic_ns():
                 return
             refused = [e for e in errors if isinstance(e, AuthError)]
             if refused:  # refused credentials do not change by waiting: say so at once
@@ -445,7 +481,7 @@ class Consumer:
             if time.monotonic() >= deadline:
                 return
 
-    def _collect(self, done: set[Future[wire.PullResponse]]) -> list[QClientError]:
+    def _collect(self, done: set[Future[tuple[wire.PullResponse, int]]]) -> list[QClientError]:
         errors: list[QClientError] = []
         for name, fut in list(self._inflight.items()):
             if fut not in done:
@@ -453,10 +489,12 @@ class Consumer:
             del self._inflight[name]
             queues, commits = self._sent.pop(name)
             try:
-                resp = fut.result()
+                resp, got_ns = fut.result()
             except QClientError as exc:
                 errors.append(exc)
                 continue
+            if resp.clock_ns:
+                self._held.clock(name).add(resp.clock_ns, got_ns)
             self._committed_ok(name, commits, resp.lost)
             for q in resp.lost:
                 self._drop(name, q)
@@ -466,8 +504,8 @@ class Consumer:
     def _accept(self, broker: str, resp: wire.PullResponse, queues: dict[int, int]) -> None:
         owned = self._owned.get(broker, set())
         pos = self._pos
-        append = self._buffer.append
-        received = from_pulled
+        fetched: list[wire.PulledMessage] = []
+        append = fetched.append
         accepted: dict[int, bool] = {}  # per queue, decided at its first message
         last: dict[int, int] = {}  # per queue, the offset of its last message here
         for m in resp.messages:
@@ -480,7 +518,8 @@ class Consumer:
                 ok = accepted[q] = q in owned and q in queues and expected in (queues[q], m.offset)
             if not ok:
                 continue
-            append(received(m, broker))
+            append(m)
             last[q] = m.offset
         for q, off in last.items():
             pos[(broker, q)] = off + 1
+        self._held.add(broker, fetched)

@@ -1,0 +1,86 @@
+"""Messages fired ahead of their time (``fire_ahead_ms``, widened here to 1 s so the
+window is easy to hit): a pull without ``hold`` still gets each only once due -- a
+queue's messages wait behind its first one not due -- a holding pull gets them early, and
+the SDK consumer holds each until its time, in deliver-time order, committing no
+offset past one it still holds."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from qclient import Consumer, LocalCluster, Producer
+from qclient.protocol import wire
+
+from .helpers import wait_until
+
+AHEAD_MS = 1000
+TOPIC = "ahead"
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalCluster]:
+    with LocalCluster(brokers=1, store_options={"fire_ahead_ms": AHEAD_MS}) as c:
+        (b,) = c.brokers
+        resp = httpx.post(
+            f"http://{b.addr}{wire.BROKER_TOPICS}", json={"topic": TOPIC, "queues": 1}
+        )
+        assert resp.status_code == 200, resp.text
+        wait_until(
+            lambda: httpx.get(f"http://{c.namesrv}/v1/routes/{TOPIC}").json().get("queue_datas"),
+            10,
+            "the topic's route",
+        )
+        yield c
+
+
+def _pull(addr: str, group: str, wait_ms: int = 0, hold: bool = False) -> wire.PullResponse:
+    req = wire.PullRequest(TOPIC, group, 10, wait_ms, hold=hold)
+    resp = httpx.post(
+        f"http://{addr}{wire.BROKER_PULL}",
+        content=wire.encode(req),
+        headers={"content-type": wire.JSON},
+        timeout=10,
+    )
+    assert resp.status_code == 200, resp.text
+    return wire.decode(resp.content, wire.PullResponse)
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def test_fired_ahead_is_served_early_only_to_holding_readers(cluster: LocalCluster) -> None:
+    (b,) = cluster.brokers
+    with Producer(cluster.namesrv) as p, Consumer(cluster.namesrv, TOPIC, "sdk") as c:
+        c.poll(timeout=0.2)  # joined: holds the topic's one queue
+        late = p.send_delayed(TOPIC, b"late", delay=2.0)
+        # fired once within AHEAD_MS of its time: served to a holding pull only
+        held = wait_until(
+            lambda: _pull(b.addr, "peek", hold=True).messages, 5, "the message fired ahead"
+        )
+        assert [m.msg_id for m in held] == [late.msg_id]
+        assert held[0].fired_at_ms <= late.deliver_at_ms - AHEAD_MS + 200
+        plain = _pull(b.addr, "plain")
+        assert plain.messages == [] and plain.clock_ns // 1_000_000 < late.deliver_at_ms
+        assert plain.fire_ahead_ms == AHEAD_MS
+
+        # due now, but behind the first message of the queue: the SDK releases it at
+        # once; a plain reader gets both once the first is due, in offset order
+        soon = p.send_delayed(TOPIC, b"soon", delay=0.0)
+        got = c.poll(timeout=1.0)
+        assert [m.msg_id for m in got] == [soon.msg_id]
+        assert _now_ms() < late.deliver_at_ms, "too slow to see the hold"
+        c.commit()  # the held first message bounds the commit
+        assert c.committed() == {(b.name, 0): 0}
+        both = _pull(b.addr, "plain", wait_ms=5000)
+        assert _now_ms() >= late.deliver_at_ms
+        assert [m.msg_id for m in both.messages] == [late.msg_id, soon.msg_id]
+        got = c.poll(timeout=3.0)
+        assert [m.msg_id for m in got] == [late.msg_id]
+        assert _now_ms() >= late.deliver_at_ms, "released before its time"
+        c.commit()
+        assert c.committed() == {(b.name, 0): 2}
