@@ -126,7 +126,8 @@ def bench_firing(
             resp = wire.decode(r.content, wire.PullResponse, wire.MSGPACK)
             commits = dict(resp.next_offsets)
             for m in resp.messages:
-                late = m.fired_at_ms - m.deliver_at_ms
+                # against its firing time: brokers fire fire_ahead_ms before deliver_at
+                late = m.fired_at_ms - wire.firing_time_ms(m.deliver_at_ms, resp.fire_ahead_ms)
                 early += late < 0
                 lateness.append(late)
     if samples is not None:

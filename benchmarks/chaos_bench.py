@@ -51,6 +51,7 @@ from benchmarks._suite.report import target
 from qclient import AsyncProducer, Consumer, LocalCluster, Message, Producer
 from qclient.errors import QClientError
 from qclient.fault.strategy import id_owner
+from qclient.protocol import wire
 
 log = logging.getLogger("benchmarks.chaos_bench")
 
@@ -237,6 +238,9 @@ def audit(namesrv: str, ledger: Ledger, deadline: float) -> list[Any]:
             except QClientError:
                 time.sleep(0.2)
                 continue
+            received_ms = time.time_ns() // 1_000_000
+            for m in batch:
+                m.extra["received_ms"] = received_ms
             got.extend(batch)
             seen.update(m.msg_id for m in batch)
             if want <= seen and time.time() * 1000 > last_due + 2000 and not batch:
@@ -340,10 +344,15 @@ def analyse(
     early = wrong = 0
     for m in copies:
         by_id[m.msg_id].add((m.broker_name, m.queue_id, m.offset))
-        if m.fired_at_ms < m.deliver_at_ms:
+        # received before its time, or fired earlier than brokers fire ahead (consumers
+        # hold such messages until their time)
+        if m.extra["received_ms"] < m.deliver_at_ms or m.fired_at_ms < wire.firing_time_ms(
+            m.deliver_at_ms
+        ):
             early += 1
         if m.body != body_for(m.msg_id):
             wrong += 1
+    early += sum(r.received_ms < r.deliver_at_ms for r in receipts)
     lost = [mid for mid in acked if mid not in by_id]
     dup_ids = {mid: len(s) - 1 for mid, s in by_id.items() if len(s) > 1}
     dups = sum(dup_ids.values())

@@ -349,6 +349,8 @@ def run_phase(
         _wait(everything, max(1.0, end_by - time.monotonic()), "every message to arrive")
         if kind == "join":
             _wait(lambda: converged(members, queues), 10, "the 4 members to share the queues")
+            # its share now: once the others stop (first, below) it takes over theirs
+            share = joiner.held()
         time.sleep(0.5)  # strays and duplicates would show up now
     finally:
         for m in members:
@@ -371,7 +373,6 @@ def run_phase(
             res["redelivered_not_uncommitted"] = len(again - uncommitted)
     else:
         assert joiner.ready is not None
-        share = joiner.held()
         first = _first_by_queue(joiner.receipts, share, joiner.ready)
         res["start_s"] = round(joiner.ready - t0, 3)  # process start and import
         res["takeover"] = _takeover(first, share, joiner.ready)
