@@ -40,6 +40,9 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
         .config("spark.sql.streaming.stopTimeout", "30s")
         .config("spark.driver.memory", "768m")
         .config("spark.python.worker.reuse", "true")
+        # A crashed Python worker then reports its Python stack, not only "exited unexpectedly".
+        .config("spark.python.worker.faulthandler.enabled", "true")
+        .config("spark.sql.execution.pyspark.udf.faulthandler.enabled", "true")
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")
