@@ -1,4 +1,4 @@
-"""One shared local[2] SparkSession for every Spark test (a session costs ~5 s)."""
+"""One shared local[2,2] SparkSession for every Spark test (a session costs ~5 s)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,9 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     # The fakes write under per-test subdirectories of this one (see `fake_sink`).
     os.environ["QCLIENT_FAKE_SINK_DIR"] = str(sink_dir)
     session = (
-        SparkSession.builder.master("local[2]")
+        # local[2,2]: a failed task gets one retry, as on a cluster (spark.task.maxFailures);
+        # plain local[2] never retries, so a worker the host loses would fail the query.
+        SparkSession.builder.master("local[2,2]")
         .appName("qclient-spark-tests")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.default.parallelism", "2")

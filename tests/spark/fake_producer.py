@@ -109,3 +109,42 @@ def read_sent(root: Path) -> list[dict[str, Any]]:
 def fake_sent(topic: str) -> list[dict[str, Any]]:
     """What the fake producers of every worker recorded for ``topic``."""
     return [m for m in read_sent(Path(os.environ["QCLIENT_FAKE_SINK_DIR"])) if m["topic"] == topic]
+
+
+class CrashOnceProducer:
+    """A real ``qclient.Producer`` whose worker process dies (``os._exit``) in the first
+    attempt of a task, once ``crash-<topic>`` under ``$QCLIENT_FAKE_SINK_DIR`` names how
+    many of the topic's messages to send first; it renames that file to
+    ``crashed-<topic>`` as it dies. A worker lost mid-partition, as a crash would lose it."""
+
+    def __init__(self, namesrv: str, **kwargs: Any) -> None:
+        from qclient import Producer
+
+        self._producer = Producer(namesrv, **kwargs)
+        self._root = Path(os.environ["QCLIENT_FAKE_SINK_DIR"])
+        self._sent: dict[str, int] = {}
+
+    def _crash_due(self, topic: str) -> bool:
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        marker = self._root / f"crash-{topic}"
+        if ctx is None or ctx.attemptNumber() != 0 or not marker.exists():
+            return False
+        return self._sent.get(topic, 0) >= int(marker.read_text())
+
+    def send_batch(self, messages: Iterable[Message]) -> list[SendResult]:
+        batch = list(messages)
+        topic = batch[0].topic if batch else ""
+        if batch and self._crash_due(topic):
+            (self._root / f"crash-{topic}").rename(self._root / f"crashed-{topic}")
+            os._exit(1)
+        results = self._producer.send_batch(batch)
+        self._sent[topic] = self._sent.get(topic, 0) + len(batch)
+        return results
+
+    def stats(self) -> dict[str, Any]:
+        return self._producer.stats()
+
+    def close(self, timeout: float | None = None) -> None:
+        self._producer.close(timeout=timeout)

@@ -97,6 +97,33 @@ def test_same_msg_ids_twice_deliver_once(spark: Any, cluster: LocalCluster, topi
     assert {m.msg_id for m in got} == {f"order-{i}" for i in range(1000)}
 
 
+def test_worker_lost_mid_partition_is_retried_once_delivered_once(
+    spark: Any, cluster: LocalCluster, topic: str
+) -> None:
+    """A Python worker dies after sending part of its partition; Spark retries the task
+    (``local[2,2]``, as a cluster would) and the retry's ids match the first attempt's,
+    so the broker keeps one copy of each row."""
+    import os
+
+    from pyspark.sql import functions as F
+
+    root = Path(os.environ["QCLIENT_FAKE_SINK_DIR"])
+    (root / f"crash-{topic}").write_text("600")
+    n = 4000
+    df = spark.range(0, n, numPartitions=2).select(F.col("id").cast("string").alias("value"))
+    _write(
+        df,
+        cluster.namesrv,
+        topic,
+        producer_factory="fake_producer:CrashOnceProducer",
+        rows_per_send=200,
+    ).save()
+    assert (root / f"crashed-{topic}").exists()  # a worker did die mid-partition
+    got = drain(cluster.namesrv, topic, lambda ms: len(ms) >= n, quiet=2.0)
+    assert Counter(int(m.body) for m in got) == Counter(range(n))  # each row exactly once
+    assert all(not_early(m) for m in got)
+
+
 def _rate_query(
     spark: Any,
     namesrv: str,
