@@ -1,4 +1,5 @@
-"""The Spark sink against a real two-broker LocalCluster in local[2]."""
+"""The Spark sink against a real two-broker LocalCluster in local[2,2]: two task threads,
+one retry of a failed task, as on a cluster."""
 
 from __future__ import annotations
 
