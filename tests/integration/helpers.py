@@ -29,6 +29,21 @@ def wait_until(
         time.sleep(interval)
 
 
+def now_ms() -> int:
+    """The wall clock in ms, as brokers stamp ``deliver_at_ms`` and ``fired_at_ms``."""
+    return time.time_ns() // 1_000_000
+
+
+def poll_stamped(consumer: Consumer, max_messages: int, timeout: float) -> list[ReceivedMessage]:
+    """``consumer.poll``, each message's ``extra["received_ms"]`` set to when it returned
+    (see :func:`not_early`)."""
+    batch = consumer.poll(max_messages=max_messages, timeout=timeout)
+    received_ms = now_ms()
+    for m in batch:
+        m.extra["received_ms"] = received_ms
+    return batch
+
+
 def drain(
     namesrv: str, topic: str, group: str, expected: int, timeout: float, settle: float = 0.0
 ) -> list[ReceivedMessage]:
@@ -40,19 +55,12 @@ def drain(
     deadline = time.monotonic() + timeout
     with Consumer(namesrv, topic, group) as consumer:
         while len(seen) < expected and time.monotonic() < deadline:
-            batch = consumer.poll(max_messages=512, timeout=0.5)
-            received_ms = time.time_ns() // 1_000_000
-            for m in batch:
-                m.extra["received_ms"] = received_ms
+            for m in poll_stamped(consumer, 512, 0.5):
                 got.append(m)
                 seen.add(m.msg_id)
         end = time.monotonic() + settle
         while time.monotonic() < end:
-            batch = consumer.poll(max_messages=512, timeout=min(0.5, settle))
-            received_ms = time.time_ns() // 1_000_000
-            for m in batch:
-                m.extra["received_ms"] = received_ms
-            got.extend(batch)
+            got.extend(poll_stamped(consumer, 512, min(0.5, settle)))
     return got
 
 

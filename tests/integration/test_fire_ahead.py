@@ -6,7 +6,6 @@ offset past one it still holds."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
 import httpx
@@ -15,7 +14,7 @@ import pytest
 from qclient import Consumer, LocalCluster, Producer
 from qclient.protocol import wire
 
-from .helpers import wait_until
+from .helpers import now_ms, wait_until
 
 AHEAD_MS = 1000
 TOPIC = "ahead"
@@ -49,10 +48,6 @@ def _pull(addr: str, group: str, wait_ms: int = 0, hold: bool = False) -> wire.P
     return wire.decode(resp.content, wire.PullResponse)
 
 
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
 def test_fired_ahead_is_served_early_only_to_holding_readers(cluster: LocalCluster) -> None:
     (b,) = cluster.brokers
     with Producer(cluster.namesrv) as p, Consumer(cluster.namesrv, TOPIC, "sdk") as c:
@@ -73,14 +68,14 @@ def test_fired_ahead_is_served_early_only_to_holding_readers(cluster: LocalClust
         soon = p.send_delayed(TOPIC, b"soon", delay=0.0)
         got = c.poll(timeout=1.0)
         assert [m.msg_id for m in got] == [soon.msg_id]
-        assert _now_ms() < late.deliver_at_ms, "too slow to see the hold"
+        assert now_ms() < late.deliver_at_ms, "too slow to see the hold"
         c.commit()  # the held first message bounds the commit
         assert c.committed() == {(b.name, 0): 0}
         both = _pull(b.addr, "plain", wait_ms=5000)
-        assert _now_ms() >= late.deliver_at_ms
+        assert now_ms() >= late.deliver_at_ms
         assert [m.msg_id for m in both.messages] == [late.msg_id, soon.msg_id]
         got = c.poll(timeout=3.0)
         assert [m.msg_id for m in got] == [late.msg_id]
-        assert _now_ms() >= late.deliver_at_ms, "released before its time"
+        assert now_ms() >= late.deliver_at_ms, "released before its time"
         c.commit()
         assert c.committed() == {(b.name, 0): 2}

@@ -16,7 +16,7 @@ from qclient import AsyncProducer, LocalCluster, Message, MessageState, Producer
 from qclient.errors import InvalidMessageError, MessageNotScheduledError
 from qclient.protocol import wire
 
-from .helpers import drain, duplicates, not_early, wait_until
+from .helpers import drain, duplicates, not_early, now_ms, wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -27,10 +27,6 @@ QCLIENT = [sys.executable, "-m", "qclient"]
 def cluster(tmp_path_factory: pytest.TempPathFactory):
     with LocalCluster(brokers=2, data_dir=str(tmp_path_factory.mktemp("lifecycle"))) as c:
         yield c
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def _id_on(p: Producer, topic: str, broker: str, prefix: str) -> str:
@@ -99,7 +95,7 @@ def test_reschedule_earlier_and_later_delivers_once_at_the_new_time(cluster):
         # past the old time of "late", before its new one: only "early" arrived
         got = drain(cluster.namesrv, topic, "g", expected=1, timeout=10)
         assert [m.msg_id for m in got] == [early.msg_id]
-        assert _now_ms() < moved_late.deliver_at_ms, "too slow to check the old time"
+        assert now_ms() < moved_late.deliver_at_ms, "too slow to check the old time"
         got += drain(cluster.namesrv, topic, "g", expected=1, timeout=10, settle=0.5)
         assert sorted(m.msg_id for m in got) == sorted(new_time) and duplicates(got) == 0
         for m in got:
@@ -132,7 +128,7 @@ def test_cancel_by_id_and_errors(cluster):
         with pytest.raises(InvalidMessageError):
             p.reschedule(topic, r.msg_id, delay=1, deliver_at=time.time() + 5)
         assert p.cancel(topic=topic, msg_id="never-sent") is False
-    wait_until(lambda: _now_ms() > r.deliver_at_ms + 300, 5, "the cancelled time to pass")
+    wait_until(lambda: now_ms() > r.deliver_at_ms + 300, 5, "the cancelled time to pass")
     assert drain(cluster.namesrv, topic, "g", expected=1, timeout=1.0) == []
 
 
@@ -145,9 +141,9 @@ def test_kill9_right_after_reschedule_delivers_once_at_the_new_time(cluster):
         broker.kill()  # acknowledged = durable: the one reschedule record survives
     broker.start()
     # the old time passes while the broker restarts: it must not fire then, or ever
-    wait_until(lambda: _now_ms() > r.deliver_at_ms + 500, 10, "the old time to pass")
+    wait_until(lambda: now_ms() > r.deliver_at_ms + 500, 10, "the old time to pass")
     early = drain(cluster.namesrv, topic, "g", expected=1, timeout=0.5)
-    if _now_ms() < moved.deliver_at_ms:
+    if now_ms() < moved.deliver_at_ms:
         assert early == [], "fired at the old time"
     got = early + drain(cluster.namesrv, topic, "g", expected=1, timeout=15, settle=0.5)
     assert [m.msg_id for m in got] == [r.msg_id]
@@ -216,7 +212,7 @@ def test_copy_left_on_a_paused_broker_shares_the_time_and_is_cancelled(cluster):
     copies = [_lookup_on(x.addr, topic, mid) for x in (a, b)]
     assert all(c.found and c.state == wire.STATE_CANCELLED for c in copies)
     assert abs(copies[0].deliver_at_ms - copies[1].deliver_at_ms) <= 50, copies
-    wait_until(lambda: _now_ms() > r.deliver_at_ms + 300, 10, "the deliver time to pass")
+    wait_until(lambda: now_ms() > r.deliver_at_ms + 300, 10, "the deliver time to pass")
     got = drain(cluster.namesrv, topic, "g", expected=9, timeout=3.0)
     assert mid not in {m.msg_id for m in got}
 

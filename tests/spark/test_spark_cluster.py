@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.integration.helpers import not_early, wait_until
+from tests.integration.helpers import not_early, now_ms, poll_stamped, wait_until
 
 from qclient import Consumer, LocalCluster, ReceivedMessage
 
@@ -22,10 +22,6 @@ pytestmark = pytest.mark.spark
 def cluster() -> Iterator[LocalCluster]:
     with LocalCluster(brokers=2) as c:
         yield c
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def drain(
@@ -46,14 +42,10 @@ def drain(
                     f"timed out: {len(got)} messages on {topic} "
                     f"({len({m.msg_id for m in got})} distinct)"
                 )
-            for m in consumer.poll(1000, 0.5):
-                m.extra["received_ms"] = _now_ms()
-                got.append(m)
+            got.extend(poll_stamped(consumer, 1000, 0.5))
         end = time.monotonic() + quiet
         while time.monotonic() < end:
-            for m in consumer.poll(1000, 0.2):
-                m.extra["received_ms"] = _now_ms()
-                got.append(m)
+            got.extend(poll_stamped(consumer, 1000, 0.2))
     return got
 
 
@@ -72,7 +64,7 @@ def test_batch_write_20k_delayed_rows(spark: Any, cluster: LocalCluster, topic: 
         F.col("id").cast("string").alias("value"),
         ((F.col("id") % 5) * 300).alias("delay_ms"),  # 0 .. 1.2 s
     )
-    t0 = _now_ms()
+    t0 = now_ms()
     _write(df, cluster.namesrv, topic).save()
     got = drain(cluster.namesrv, topic, lambda ms: len({m.msg_id for m in ms}) >= n)
     assert len({m.msg_id for m in got}) == n

@@ -38,9 +38,8 @@ class FireWaiters:
     def __init__(self) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
-        self._waiting: dict[str, set[asyncio.Future[None]]] = {}
-        # holding pulls with messages: topic -> future -> earlier_than
-        self._holding: dict[str, dict[asyncio.Future[None], int]] = {}
+        # topic -> waiting future -> its ``earlier_than`` (None: any fire wakes it)
+        self._waiting: dict[str, dict[asyncio.Future[None], int | None]] = {}
         #: bumped (by the firing thread) each time messages become pullable
         self.seq = 0
 
@@ -57,7 +56,7 @@ class FireWaiters:
         if loop is None:
             return
         for topic in topics:
-            if self._waiting.get(topic) or self._holding.get(topic):
+            if self._waiting.get(topic):
                 if threading.get_ident() == self._loop_thread:  # fired on the loop
                     self._wake(topics)
                     return
@@ -67,20 +66,19 @@ class FireWaiters:
 
     def _wake(self, topics: Mapping[str, int]) -> None:
         for topic, earliest in topics.items():
-            self.wake(topic, holding=False)
-            holding = self._holding.get(topic)
-            if holding:
-                for fut, earlier_than in list(holding.items()):
-                    if earliest < earlier_than:
-                        _release(fut)
-
-    def wake(self, topic: str, *, holding: bool = True) -> None:
-        """End the waits on ``topic`` now (event loop thread): each pull looks again."""
-        for fut in self._waiting.pop(topic, ()):
-            _release(fut)
-        if holding:
-            for fut in self._holding.pop(topic, {}):
+            waiting = self._waiting.get(topic)
+            if not waiting:
+                continue
+            # released ones leave at once: later fires need not look at them again
+            woken = [f for f, lim in waiting.items() if lim is None or earliest < lim]
+            for fut in woken:
+                del waiting[fut]
                 _release(fut)
+
+    def wake(self, topic: str) -> None:
+        """End the waits on ``topic`` now (event loop thread): each pull looks again."""
+        for fut in self._waiting.pop(topic, {}):
+            _release(fut)
 
     async def wait(
         self, topic: str, timeout: float, seq: int, earlier_than: int | None = None
@@ -90,11 +88,7 @@ class FireWaiters:
         ms), or after ``timeout`` seconds."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()
-        if earlier_than is None:
-            waiting = self._waiting.setdefault(topic, set())
-            waiting.add(fut)
-        else:
-            self._holding.setdefault(topic, {})[fut] = earlier_than
+        self._waiting.setdefault(topic, {})[fut] = earlier_than
         try:
             if self.seq != seq or timeout <= 0:
                 return
@@ -104,13 +98,7 @@ class FireWaiters:
             finally:
                 timer.cancel()
         finally:
-            if earlier_than is None:
-                waiting = self._waiting.get(topic, set())
-                waiting.discard(fut)
-                if not waiting:
-                    self._waiting.pop(topic, None)
-            else:
-                holding = self._holding.get(topic, {})
-                holding.pop(fut, None)
-                if not holding:
-                    self._holding.pop(topic, None)
+            waiting = self._waiting.get(topic, {})
+            waiting.pop(fut, None)
+            if not waiting:
+                self._waiting.pop(topic, None)

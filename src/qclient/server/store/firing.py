@@ -180,7 +180,8 @@ class Firing:
         verify = rec.verify_route
         topics: dict[bytes, str] = {}  # topic bytes -> its name, checked (in this call)
         # topic -> the earliest deliver time fired in it (a holding pull that has
-        # messages wakes only for something due before them: server/broker/waiters.py)
+        # messages wakes only for something due before them: server/broker/waiters.py);
+        # ``due`` pops off the wheel's heap in deliver order, so a topic's first is it
         earliest: dict[str, int] = {}
         for d, pos, _size in due:
             raw = raws[pos]
@@ -198,8 +199,7 @@ class Firing:
                 continue
             by_q[(topic, qid)].append((raw, pos, fired_at))
             late.append(fired_at - d if fired_at > d else 0)  # fired ahead: not late
-            if d < earliest.get(topic, d + 1):
-                earliest[topic] = d
+            earliest.setdefault(topic, d)
         lateness.extend(late)
         sh.lateness.observe_many(late)
         queues = []

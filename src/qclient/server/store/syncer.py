@@ -149,8 +149,7 @@ class Syncer:
         topics: FiredTopics = {}
         for _, dispatch, ts in work:
             for t, first in ts.items():
-                if first < topics.get(t, first + 1):
-                    topics[t] = first
+                topics[t] = min(first, topics.get(t, first))
             for b, positions in dispatch.items():
                 merged[b].extend(positions)
         dlog = sh.files.dlog
