@@ -85,6 +85,8 @@ class ProducerConfig:
     """Options of a producer. The contract's options first, then the SDK's own."""
 
     namesrv: tuple[str, ...]
+    #: the engine the name-server address names (``qclient.engines.parse_namesrv``)
+    engine: str = "qclient"
     send_timeout: float = DEFAULT_SEND_TIMEOUT
     retry_times: int = DEFAULT_RETRY_TIMES
     send_latency_fault_enable: bool = DEFAULT_SEND_LATENCY_FAULT_ENABLE
@@ -171,14 +173,19 @@ class ProducerConfig:
     @classmethod
     def create(cls, namesrv: str | Sequence[str], **options: Any) -> ProducerConfig:
         """Build from the constructor arguments of ``Producer``; unknown options fail."""
-        known = {f.name for f in fields(cls) if f.init} - {"namesrv"}
+        known = {f.name for f in fields(cls) if f.init} - {"namesrv", "engine"}
         unknown = set(options) - known
         if unknown:
             raise TypeError(f"unknown producer option(s): {', '.join(sorted(unknown))}")
+        from .engines import DEFAULT_MAX_DELAY_MS, parse_namesrv
+
+        engine, addrs = parse_namesrv(namesrv)
         md = options.get("max_delay")
         if isinstance(md, int | float) and not isinstance(md, bool):
             options["max_delay"] = timedelta(seconds=md)
-        return cls(namesrv=parse_addrs(namesrv), **options)
+        elif md is None:
+            options["max_delay"] = timedelta(milliseconds=DEFAULT_MAX_DELAY_MS[engine])
+        return cls(namesrv=addrs, engine=engine, **options)
 
     @property
     def times_total(self) -> int:

@@ -25,6 +25,7 @@ __all__ = [
     "QClientError",
     "RouteNotFoundError",
     "SendTimeoutError",
+    "UnsupportedByEngineError",
 ]
 
 
@@ -135,3 +136,17 @@ class BatchSendError(QClientError):
     @property
     def succeeded(self) -> list[tuple[int, SendResult]]:
         return [(i, r) for i, r in enumerate(self.results) if not isinstance(r, QClientError)]
+
+
+class UnsupportedByEngineError(QClientError):
+    """The engine behind the name-server address cannot do what was asked.
+
+    ``engine`` names the engine (``"rocketmq"``), ``feature`` the capability; README's
+    per-engine table lists what each engine does.
+    """
+
+    def __init__(self, engine: str, feature: str, why: str = "") -> None:
+        tail = f": {why}" if why else ""
+        super().__init__(f"the {engine} engine does not support {feature}{tail}")
+        self.engine = engine
+        self.feature = feature

@@ -68,7 +68,12 @@ def is_ambiguous(exc: BaseException | None) -> bool:
     if isinstance(exc, httpx.ConnectTimeout | httpx.PoolTimeout | httpx.ConnectError):
         return False
     return isinstance(
-        exc, httpx.TimeoutException | httpx.ReadError | httpx.WriteError | httpx.RemoteProtocolError
+        exc,
+        httpx.TimeoutException
+        | httpx.ReadError
+        | httpx.WriteError
+        | httpx.RemoteProtocolError
+        | TimeoutError,  # the drivers' hard cap on a whole exchange
     )
 
 

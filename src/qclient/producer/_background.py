@@ -8,9 +8,7 @@ import time
 
 from .._config import ProducerConfig
 from ..errors import QClientError
-from ..fault.detector import Detector, http_probe
-from ..routing.nameserver import NameServerClient
-from ..transport.http import SyncHttp
+from ..fault.detector import Detector
 from ._core import ProducerCore
 
 __all__ = ["Background"]
@@ -24,21 +22,22 @@ _WAKE_EVERY = 0.5
 
 
 class Background:
-    """Owns the detector thread, its HTTP client and the name-server client it refreshes
-    routes with; shared as-is by ``Producer`` and ``AsyncProducer``."""
+    """Owns the detector thread, its transport (the engine's) and the name-server client it
+    refreshes routes with; shared as-is by ``Producer`` and ``AsyncProducer``."""
 
     def __init__(self, core: ProducerCore, cfg: ProducerConfig) -> None:
         self.core = core
-        self._http = SyncHttp(verify=cfg.verify, lean=cfg.http_transport == "lean")
+        engine = core.engine
+        self._http = engine.sync_transport(cfg, None)
         #: the name-server client; ``Producer`` fetches first routes with it too
-        self.ns = NameServerClient(cfg.namesrv, timeout=cfg.namesrv_timeout, http=self._http)
+        self.ns = engine.name_server(cfg, self._http)
         self._retry_after: dict[str, float] = {}
         self._last_wake = 0.0
         self._lock = threading.Lock()
         self.detector = Detector(
             core.strategy,
             core.routes.resolve,
-            http_probe(self._http),
+            engine.probe(self._http),
             interval=cfg.detect_interval,
             timeout=cfg.detect_timeout,
             housekeeping=self.refresh_routes,

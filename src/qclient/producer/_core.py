@@ -1,7 +1,7 @@
 """The producer's logic without I/O, shared by ``Producer``, ``AsyncProducer`` and the sender.
 
-A send is a *plan* (its vocabulary is in ``_plan.py``): a generator that yields the HTTP
-calls of one round (``list[HttpCall]``, answered with ``list[CallResult]`` in the same
+A send is a *plan* (its vocabulary is in ``_plan.py``): a generator that yields the
+calls of one round (the engine's ``Call``s, answered with ``list[CallResult]`` in the same
 order) or a pause (``Sleep``), and returns the per-message results. The plan does the
 queue selection, the chunking per broker, the per-attempt timeouts, the fault-table
 updates and the retry policy (tenacity); the drivers in ``_drivers.py`` only perform
@@ -15,12 +15,13 @@ import time
 from collections.abc import Callable, Generator, Iterable
 from typing import Any
 
-import msgspec
 import tenacity
 
 from .._config import ProducerConfig
-from .._models import Message, MessageBatch, SendResult, SendStatus
+from .._models import Message, MessageBatch, SendResult
 from .._validation import WireBuilder, to_wire
+from ..engines import create_engine
+from ..engines.base import Call
 from ..errors import (
     BrokerUnavailableError,
     QClientError,
@@ -28,32 +29,13 @@ from ..errors import (
 )
 from ..fault.latency import FaultItemSnapshot
 from ..fault.strategy import MQFaultStrategy, id_order
-from ..protocol.wire import (
-    BROKER_SEND,
-    ENCODINGS,
-    RETRYABLE_CODES,
-    SEND_OK,
-    SendRequest,
-    SendResponse,
-    TopicRoute,
-    WireMessage,
-    decode,
-    encode,
-)
+from ..protocol.wire import ENCODINGS, TopicRoute, WireMessage
 from ..routing.publish_info import MessageQueue, TopicPublishInfo
 from ..routing.route_cache import RouteCache
-from ..transport.errors import (
-    Outcome,
-    classify_exception,
-    error_for_code,
-    parse_error_response,
-    response_outcome,
-)
-from ._ambiguous import is_ambiguous
+from ..transport.errors import Outcome
 from ._plan import (
     PER_MESSAGE_OVERHEAD,
     CallResult,
-    HttpCall,
     Item,
     Plan,
     Sleep,
@@ -115,6 +97,8 @@ class ProducerCore:
         self.routes = RouteCache(cfg.route_refresh_interval, index_factory)
         self.stats = Stats()
         self.content_type = ENCODINGS[cfg.encoding]
+        #: turns the plan's calls into requests on the engine's wire, and answers back
+        self.engine = create_engine(cfg.engine, cfg.encoding)
         # The retry policy: 1 + retry_times attempts inside one send_timeout budget,
         # jittered exponential pauses (a few ms: the next attempt goes to another broker).
         self.retrying = tenacity.Retrying(
@@ -303,7 +287,7 @@ class ProducerCore:
         share = remaining / left if left > 1 else remaining
         return max(share, MIN_ATTEMPT)
 
-    def _calls(self, pending: list[Item], attempt: int, deadline: float) -> list[HttpCall]:
+    def _calls(self, pending: list[Item], attempt: int, deadline: float) -> list[Call]:
         timeout = self.attempt_timeout(attempt, deadline)
         if attempt == 1:
             self._preselect(pending)
@@ -368,97 +352,50 @@ class ProducerCore:
             for it, q in zip(group, queues, strict=True):
                 it.queue = q
 
-    def _call(self, broker: str, addr: str, chunk: list[Item], timeout: float) -> HttpCall:
-        wires = [it.wire for it in chunk]
-        content_type = self.content_type
-
-        def build(deadline_ms: int) -> bytes:
-            # the broker stores nothing of it past the deadline: once the attempt has timed
-            # out here, a late copy there cannot be stored (protocol.deadline)
-            return encode(SendRequest(wires, deadline_ms), content_type)
-
-        return HttpCall(broker, addr, BROKER_SEND, b"", timeout, chunk, build)
+    def _call(self, broker: str, addr: str, chunk: list[Item], timeout: float) -> Call:
+        return self.engine.send_call(broker, addr, chunk, timeout)
 
     def _absorb(
         self,
-        calls: list[HttpCall],
+        calls: list[Call],
         outcomes: list[CallResult],
         results: list[SendResult | QClientError | None],
     ) -> list[Item]:
-        """Turn a round's answers into results; returns the items to retry."""
+        """Turn a round's answers (read by the engine) into results; returns the items to
+        retry."""
         retry: list[Item] = []
         # a caller-chosen id goes elsewhere than its own broker only when one is unhealthy,
         # missing from the route, or failed this send: checked then, not on every ack
         off = not self.strategy.latency_fault_tolerance.all_healthy()
+        read = self.engine.read_send
         for call, res in zip(calls, outcomes, strict=True):
             broker = call.broker
             items = call.items
-            if res.exc is not None or res.response is None:
-                outcome, err = classify_exception(
-                    res.exc or RuntimeError("no response"), broker=broker, timeout=call.timeout
-                )
-                log.warning(
-                    "send of %d message(s) to %s failed after %.0f ms: %s",
-                    len(items),
-                    broker,
-                    res.latency_ms,
-                    err,
-                )
-                self.record(broker, res.latency_ms, outcome)
-                if is_ambiguous(res.exc):
+            verdict = read(call, res)
+            self.record(broker, res.latency_ms, verdict.outcome)
+            answers = verdict.answers
+            ambiguous = verdict.ambiguous
+            if answers is None:
+                if ambiguous:
                     for it in items:
                         it.ambiguous += (broker,)
-                self._fail(items, err, broker, outcome is not Outcome.FINAL, results, retry)
+                assert verdict.error is not None
+                retryable = verdict.outcome is not Outcome.FINAL
+                self._fail(items, verdict.error, broker, retryable, results, retry)
                 continue
-            resp = res.response
-            if resp.status != 200:
-                code, message = parse_error_response(resp)
-                outcome = response_outcome(code, resp.status)
-                err = error_for_code(
-                    code, message, broker=broker, topic=items[0].wire.topic, status=resp.status
-                )
-                log.warning(
-                    "broker %s refused %d message(s): HTTP %d %s: %s",
-                    broker,
-                    len(items),
-                    resp.status,
-                    code,
-                    message,
-                )
-                self.record(broker, res.latency_ms, outcome)
-                self._fail(items, err, broker, outcome is not Outcome.FINAL, results, retry)
-                continue
-            try:
-                answer = decode(resp.content, SendResponse, resp.media_type)
-                if len(answer.results) != len(items):
-                    raise ValueError(f"{len(answer.results)} results for {len(items)} messages")
-                if [r.msg_id for r in answer.results] != [it.wire.msg_id for it in items]:
-                    raise ValueError("results not in the order of the request's messages")
-            except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
-                err = BrokerUnavailableError(
-                    f"broker {broker} sent a bad answer: {exc}", broker_name=broker
-                )
-                self.record(broker, res.latency_ms, Outcome.BROKER)
-                self._fail(items, err, broker, True, results, retry)
-                continue
-            broker_error = False
-            ok = SendStatus.SEND_OK
-            for it, r in zip(items, answer.results, strict=True):
-                if r.status == SEND_OK:
-                    results[it.index] = sr = SendResult(
-                        r.msg_id, ok, broker, r.queue_id, r.deliver_at_ms, it.wire.topic
-                    )
+            for i, (it, r) in enumerate(zip(items, answers, strict=True)):
+                if isinstance(r, SendResult):
+                    results[it.index] = r
                     if it.ambiguous or (it.pinned and (off or it.last_broker or it.info.lost)):
-                        self._note_copies(sr, it)
+                        self._note_copies(r, it)
                     continue
-                err = error_for_code(r.status, r.error or "", broker=broker, topic=it.wire.topic)
-                if r.status in RETRYABLE_CODES:
-                    broker_error = True
-                    it.error, it.last_broker = err, broker
+                if isinstance(ambiguous, frozenset) and i in ambiguous:
+                    it.ambiguous += (broker,)
+                if i in verdict.retry:
+                    it.error, it.last_broker = r, broker
                     retry.append(it)
                 else:
-                    results[it.index] = err
-            self.record(broker, res.latency_ms, Outcome.BROKER if broker_error else Outcome.OK)
+                    results[it.index] = r
         if retry and self.on_route_failure is not None:
             for topic in {it.wire.topic for it in retry}:
                 self.on_route_failure(topic)

@@ -1,4 +1,8 @@
-"""Drivers of a send plan: perform its HTTP calls, blocking (threads) or with asyncio.
+"""Drivers of a send plan: perform its calls, blocking (threads) or with asyncio.
+
+A transport is the engine's (``engines.base.SyncTransport`` / ``AsyncTransport``): it
+performs one call of a round (an HTTP POST, or pipelined remoting requests) and returns
+the engine's answer, which the plan reads through its engine.
 
 ``slots`` bound the requests in flight per broker (shared by every plan of a producer);
 the wait for a slot is client-side queueing, so it is not charged to the attempt's
@@ -15,10 +19,8 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any
 
-import httpx
-
-from ..transport.http import AsyncHttp, AsyncLeanHttp, SyncHttp
-from ._plan import CallResult, HttpCall, Plan, Sleep
+from ..engines.base import AsyncTransport, Call, SyncTransport
+from ._plan import CallResult, Plan, Sleep
 
 __all__ = ["AsyncSlots", "SyncSlots", "call_async", "call_sync", "run_async", "run_sync"]
 
@@ -54,21 +56,19 @@ class AsyncSlots:
 
 
 def _call_sync(
-    http: SyncHttp, call: HttpCall, on_write: Callable[[], None] | None = None
+    http: SyncTransport, call: Call, on_write: Callable[[], None] | None = None
 ) -> CallResult:
     start = time.perf_counter()
     try:
-        resp = http.request(
-            "POST", call.addr, call.path, call.payload(), timeout=call.timeout, on_write=on_write
-        )
+        resp = http.perform(call, on_write)
     except Exception as exc:
         return CallResult(exc=exc, latency_ms=(time.perf_counter() - start) * 1000)
     return CallResult(response=resp, latency_ms=(time.perf_counter() - start) * 1000)
 
 
 def call_sync(
-    http: SyncHttp,
-    call: HttpCall,
+    http: SyncTransport,
+    call: Call,
     slots: SyncSlots | None = None,
     on_write: Callable[[], None] | None = None,
 ) -> CallResult:
@@ -84,7 +84,7 @@ def call_sync(
 
 def run_sync(
     plan: Plan,
-    http: SyncHttp,
+    http: SyncTransport,
     executor: Callable[[], Executor] | None = None,
     slots: SyncSlots | None = None,
     on_write: Callable[[], None] | None = None,
@@ -109,15 +109,14 @@ def run_sync(
         plan.close()
 
 
-async def _call_async(http: AsyncHttp | AsyncLeanHttp, call: HttpCall) -> CallResult:
+async def _call_async(http: AsyncTransport, call: Call) -> CallResult:
     start = time.perf_counter()
     try:
         # a hard cap on the whole exchange, not only per phase as httpx's timeout is
         async with asyncio.timeout(call.timeout + 0.05):
-            body = call.payload()
-            resp = await http.request("POST", call.addr, call.path, body, timeout=call.timeout)
+            resp = await http.perform(call)
     except TimeoutError:
-        exc: Exception = httpx.TimeoutException(f"no answer within {call.timeout:.3f}s")
+        exc: Exception = TimeoutError(f"no answer within {call.timeout:.3f}s")
         return CallResult(exc=exc, latency_ms=(time.perf_counter() - start) * 1000)
     except Exception as e:
         return CallResult(exc=e, latency_ms=(time.perf_counter() - start) * 1000)
@@ -125,7 +124,7 @@ async def _call_async(http: AsyncHttp | AsyncLeanHttp, call: HttpCall) -> CallRe
 
 
 async def call_async(
-    http: AsyncHttp | AsyncLeanHttp, call: HttpCall, slots: AsyncSlots | None = None
+    http: AsyncTransport, call: Call, slots: AsyncSlots | None = None
 ) -> CallResult:
     if slots is None:
         return await _call_async(http, call)
@@ -137,9 +136,7 @@ async def call_async(
     return res
 
 
-async def run_async(
-    plan: Plan, http: AsyncHttp | AsyncLeanHttp, slots: AsyncSlots | None = None
-) -> Any:
+async def run_async(plan: Plan, http: AsyncTransport, slots: AsyncSlots | None = None) -> Any:
     """Run a plan on the running event loop; a round's calls run concurrently."""
     answer: Any = None
     try:

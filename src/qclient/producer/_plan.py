@@ -1,5 +1,6 @@
 """The vocabulary of a send plan: the messages in flight, the calls a plan asks its driver
-to make, what came of them, and the plan type itself (see ``_core.py``)."""
+to make (an engine's ``Call``: ``HttpCall`` here for the qclient engine), what came of
+them, and the plan type itself (see ``_core.py``)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ from ..errors import QClientError
 from ..protocol.deadline import attempt_deadline_ms
 from ..protocol.wire import WireMessage
 from ..routing.publish_info import MessageQueue, TopicPublishInfo
-from ..transport.http import HttpResponse
 
 __all__ = ["CallResult", "HttpCall", "Item", "Plan", "Sleep", "Step", "queued_seconds"]
 
@@ -45,7 +45,7 @@ class Item:
 
 @dataclass(slots=True, eq=False)
 class HttpCall:
-    """A POST the driver must make."""
+    """A POST the driver must make (the qclient engine's ``Call``)."""
 
     broker: str
     addr: str
@@ -65,9 +65,10 @@ class HttpCall:
 
 @dataclass(slots=True)
 class CallResult:
-    """What came of an ``HttpCall``: a response or an exception, and how long it took."""
+    """What came of a call: the engine transport's answer or an exception, and how long
+    it took."""
 
-    response: HttpResponse | None = None
+    response: Any = None
     exc: BaseException | None = None
     latency_ms: float = 0.0
     queued_s: float = 0.0  # waited for a client-side slot before the attempt started
@@ -77,7 +78,7 @@ class Sleep(float):
     """A pause the driver must take between rounds (seconds)."""
 
 
-Step = list[HttpCall] | Sleep
+Step = list[Any] | Sleep  # a round's calls (each an engine's ``Call``), or a pause
 Plan = Generator[Step, Any, Any]
 
 

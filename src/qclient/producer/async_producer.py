@@ -37,9 +37,7 @@ from ..errors import (
     QClientError,
 )
 from ..fault.index import ContextIndex
-from ..routing.nameserver import AsyncNameServerClient
 from ..routing.publish_info import TopicPublishInfo, master_addrs
-from ..transport.http import AsyncHttp, AsyncLeanHttp
 from . import lifecycle
 from ._ambiguous import AmbiguousCopies
 from ._background import Background
@@ -167,13 +165,9 @@ class AsyncProducer(ProducerBase):
             ),
         )
         cfg = self._cfg
-        http_class = AsyncLeanHttp if cfg.http_transport == "lean" else AsyncHttp
-        self._http: AsyncHttp | AsyncLeanHttp = http_class(
-            content_type=self._core.content_type, credentials=self._credentials, verify=cfg.verify
-        )
-        self._ns = AsyncNameServerClient(
-            cfg.namesrv, timeout=cfg.namesrv_timeout, verify=cfg.verify
-        )
+        engine = self._core.engine
+        self._http = engine.async_transport(cfg, self._credentials)
+        self._ns = engine.async_name_server(cfg)
         # probes and route refreshes: the same background thread as Producer's
         self._bg = Background(self._core, cfg)
         self._route_locks: dict[str, asyncio.Lock] = {}

@@ -31,7 +31,6 @@ from .._models import Message, MessageBatch, MessageInfo, SendResult
 from ..errors import BrokerUnavailableError, InvalidMessageError, QClientError
 from ..fault.index import ThreadLocalIndex
 from ..routing.publish_info import TopicPublishInfo, master_addrs
-from ..transport.http import SyncHttp
 from . import lifecycle
 from ._ambiguous import AmbiguousCopies
 from ._background import Background
@@ -92,12 +91,7 @@ class Producer(ProducerBase):
             ),
         )
         cfg = self._cfg
-        self._http = SyncHttp(
-            content_type=self._core.content_type,
-            credentials=self._credentials,
-            verify=cfg.verify,
-            lean=cfg.http_transport == "lean",
-        )
+        self._http = self._core.engine.sync_transport(cfg, self._credentials)
         self._bg = Background(self._core, cfg)
         self._ns = self._bg.ns  # the same settings; closed by the background's close()
         self._lock = threading.Lock()

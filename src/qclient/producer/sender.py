@@ -16,7 +16,7 @@ from .. import _tracing
 from .._config import ProducerConfig
 from .._models import SendResult
 from ..errors import ProducerClosedError
-from ..transport.http import AsyncLeanHttp, Credentials
+from ..transport.http import Credentials
 from ._core import ProducerCore
 from ._drivers import AsyncSlots, run_async
 from ._future import settle_many
@@ -92,11 +92,8 @@ class Sender:
     async def _main(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._event = asyncio.Event()
-        http = AsyncLeanHttp(
-            content_type=self.core.content_type,
-            credentials=self._credentials,
-            verify=self.cfg.verify,
-        )
+        # the engine's fastest asyncio transport, whatever ``http_transport`` says
+        http = self.core.engine.async_transport(self.cfg, self._credentials, lean=True)
         self._http = http
         self._slots = AsyncSlots(self.cfg.max_in_flight_per_broker)
         self._ready.set()

@@ -107,7 +107,7 @@ def classify_exception(
         return Outcome.CLIENT, SendTimeoutError(
             f"no free connection to {where} within {timeout:.3f}s (client pool exhausted)"
         )
-    if isinstance(exc, httpx.TimeoutException):
+    if isinstance(exc, httpx.TimeoutException | TimeoutError):
         return Outcome.TRANSPORT, SendTimeoutError(
             f"{where} did not answer within {timeout:.3f}s ({type(exc).__name__})"
         )

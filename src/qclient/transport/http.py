@@ -9,6 +9,7 @@ import ssl
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 
@@ -179,6 +180,12 @@ class SyncHttp(_Base):
         )
         return HttpResponse(resp.status_code, resp.headers.get("content-type", ""), resp.content)
 
+    def perform(self, call: Any, on_write: Callable[[], None] | None = None) -> HttpResponse:
+        """A plan's call (``producer._plan.HttpCall``): POST its payload to its broker."""
+        return self.request(
+            "POST", call.addr, call.path, call.payload(), timeout=call.timeout, on_write=on_write
+        )
+
     def close(self) -> None:
         if self._client is not None:
             self._client.close()
@@ -225,6 +232,12 @@ class AsyncHttp(_Base):
         )
         return HttpResponse(r.status_code, r.headers.get("content-type", ""), r.content)
 
+    async def perform(self, call: Any) -> HttpResponse:
+        """A plan's call (``producer._plan.HttpCall``): POST its payload to its broker."""
+        return await self.request(
+            "POST", call.addr, call.path, call.payload(), timeout=call.timeout
+        )
+
     async def aclose(self) -> None:
         await self._client.aclose()
 
@@ -251,6 +264,12 @@ class AsyncLeanHttp(_Base):
         headers = self._header_items(method, path, body)
         r = await self._lean.request(method, addr, path, body, headers, timeout=timeout)
         return HttpResponse(r.status, r.headers.get("content-type", ""), r.content)
+
+    async def perform(self, call: Any) -> HttpResponse:
+        """A plan's call (``producer._plan.HttpCall``): POST its payload to its broker."""
+        return await self.request(
+            "POST", call.addr, call.path, call.payload(), timeout=call.timeout
+        )
 
     async def aclose(self) -> None:
         await self._lean.aclose()

@@ -1,0 +1,137 @@
+"""The seam between the engine-neutral producer and one engine.
+
+The producer's plan (``producer/_core.py``) decides which messages go to which broker
+queue, with which per-attempt timeout, and what each outcome means for the fault table
+and the retries. An ``Engine`` turns a chunk of messages for one broker into a call on its
+wire (``send_call``), reads the answer back as a ``SendVerdict`` (``read_send``), and makes
+the I/O objects the drivers use: transports (``perform(call)``), name-server clients
+(``get_route(topic)``) and the detector's reachability probe.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+
+from ..errors import UnsupportedByEngineError
+
+if TYPE_CHECKING:
+    from .._config import ProducerConfig
+    from .._models import SendResult
+    from ..errors import QClientError
+    from ..producer._plan import CallResult, Item
+    from ..protocol.wire import TopicRoute
+    from ..transport.errors import Outcome
+    from ..transport.http import Credentials
+
+__all__ = [
+    "AsyncNameServer",
+    "AsyncTransport",
+    "Call",
+    "Engine",
+    "NameServer",
+    "SendVerdict",
+    "SyncTransport",
+]
+
+
+class Call(Protocol):
+    """One request of a plan's round to one broker (``HttpCall``, ``RemotingCall``)."""
+
+    broker: str
+    addr: str
+    timeout: float
+    items: list[Item]
+
+
+class SyncTransport(Protocol):
+    """Performs calls, blocking; thread-safe."""
+
+    def perform(self, call: Any, on_write: Callable[[], None] | None = None) -> Any: ...
+
+    def close(self) -> None: ...
+
+
+class AsyncTransport(Protocol):
+    """Performs calls on one running event loop."""
+
+    async def perform(self, call: Any) -> Any: ...
+
+    async def aclose(self) -> None: ...
+
+
+class NameServer(Protocol):
+    """Routes from a list of name servers, with failover (blocking)."""
+
+    def get_route(self, topic: str) -> TopicRoute: ...
+
+    def close(self) -> None: ...
+
+
+class AsyncNameServer(Protocol):
+    async def get_route(self, topic: str) -> TopicRoute: ...
+
+    async def aclose(self) -> None: ...
+
+
+class SendVerdict(NamedTuple):
+    """What one send call came to.
+
+    ``answers``: per item of the call, in order, its ``SendResult`` or error; None when the
+    call failed as a whole with ``error`` (retried elsewhere unless ``outcome`` is FINAL).
+    ``retry``: the items whose error is retried on another broker (indexes into answers).
+    ``ambiguous``: whether the broker may have stored the call's messages anyway (a bool
+    for the whole call, or the indexes of such items).
+    """
+
+    outcome: Outcome
+    answers: Sequence[SendResult | QClientError] | None = None
+    error: QClientError | None = None
+    retry: frozenset[int] = frozenset()
+    ambiguous: bool | frozenset[int] = False
+
+
+class Engine(ABC):
+    """One kind of cluster; stateless apart from its name (one instance per producer)."""
+
+    #: the scheme of its name-server addresses, and the name in errors
+    name: str = ""
+
+    # --- messages ------------------------------------------------------------------
+
+    @abstractmethod
+    def send_call(self, broker: str, addr: str, items: list[Item], timeout: float) -> Call:
+        """The call that sends ``items`` (one broker's chunk, queues assigned)."""
+
+    @abstractmethod
+    def read_send(self, call: Any, res: CallResult) -> SendVerdict:
+        """How the send ``call`` ended, from the driver's ``res``."""
+
+    def unsupported(self, feature: str, why: str = "") -> UnsupportedByEngineError:
+        return UnsupportedByEngineError(self.name, feature, why)
+
+    # --- I/O objects ------------------------------------------------------------------
+
+    @abstractmethod
+    def sync_transport(
+        self, cfg: ProducerConfig, credentials: Credentials | None, *, lean: bool | None = None
+    ) -> SyncTransport: ...
+
+    @abstractmethod
+    def async_transport(
+        self, cfg: ProducerConfig, credentials: Credentials | None, *, lean: bool | None = None
+    ) -> AsyncTransport: ...
+
+    @abstractmethod
+    def name_server(
+        self, cfg: ProducerConfig, transport: SyncTransport | None = None
+    ) -> NameServer:
+        """A blocking name-server client (on ``transport`` when given, else its own)."""
+
+    @abstractmethod
+    def async_name_server(self, cfg: ProducerConfig) -> AsyncNameServer: ...
+
+    @abstractmethod
+    def probe(self, transport: SyncTransport) -> Callable[[str, float], bool]:
+        """The detector's probe: does the broker at ``addr`` answer within ``timeout``?"""
