@@ -277,8 +277,8 @@ def encode_batch(messages: Iterable[OutMessage | tuple[Any, ...]]) -> bytes:
 @dataclass(slots=True)
 class SendResponse:
     """The ``SendMessageResponseHeader`` of a send. ``msg_id`` is the offset message id
-    (comma-joined ones for a batch); ``recall_handle`` is set for timed messages when the
-    broker has recall enabled."""
+    (for a batch, one per message joined by commas); ``recall_handle`` is set for timed
+    messages when the broker has recall enabled."""
 
     msg_id: str
     queue_id: int
@@ -286,11 +286,6 @@ class SendResponse:
     recall_handle: str | None = None
     transaction_id: str | None = None
     batch_uniq_id: str | None = None
-
-    @property
-    def offset_msg_ids(self) -> list[str]:
-        """Each offset message id (one per message of a batch)."""
-        return [m for m in self.msg_id.split(",") if m]
 
 
 def parse_send_response(cmd: RemotingCommand) -> SendResponse:
@@ -336,7 +331,6 @@ class StoredMessage:
     store_host: str = ""
     prepared_tx_offset: int = 0
     body_crc: int = 0
-    store_size: int = 0
 
     @property
     def unique_key(self) -> str | None:
@@ -456,7 +450,6 @@ def _decode_one(data: bytes, pos: int, check_crc: bool) -> tuple[StoredMessage, 
         _host(store_ip, store_port),
         prepared,
         body_crc,
-        size,
     )
     return msg, end
 
