@@ -6,13 +6,12 @@ loader (buckets due soon into the wheel) -> firing (due entries into the consume
 -> syncer (fsync, make visible, dispatch log; checkpoint and retention). Recovery
 rebuilds everything derived from the message log at open. Each stage owns its state;
 :class:`~qclient.server.store._shared.Shared` holds what they share, and
-:class:`~qclient.server.store.files.StoreFiles` every file on disk.
+:class:`~qclient.server.store.files.StoreFiles` every file on disk; ``datadir`` locks
+the directory and keeps its ``meta.json``, ``stats`` reads what the store reports.
 """
 
 from __future__ import annotations
 
-import fcntl
-import json
 import logging
 import operator
 import os
@@ -23,10 +22,12 @@ from concurrent.futures import Future
 from typing import Any, cast
 
 from qclient.server.store import cancel as _cancel
-from qclient.server.store._files import atomic_write, check_name, check_queue_id
+from qclient.server.store import stats as _stats
+from qclient.server.store._files import check_name, check_queue_id
 from qclient.server.store._shared import Shared
 from qclient.server.store.checkpoint import Checkpoint
 from qclient.server.store.committer import Committer
+from qclient.server.store.datadir import lock_data_dir, read_bucket_ms
 from qclient.server.store.files import StoreFiles
 from qclient.server.store.firing import Firing
 from qclient.server.store.histogram import Histogram
@@ -37,7 +38,6 @@ from qclient.server.store.record import WireFields
 from qclient.server.store.recovery import recover
 from qclient.server.store.replay import Replayer
 from qclient.server.store.retention import Retention
-from qclient.server.store.schedule_log import ENTRY as SCHEDULE_ENTRY
 from qclient.server.store.syncer import Syncer
 from qclient.server.store.types import (
     CancelOutcome,
@@ -53,20 +53,6 @@ from qclient.server.store.types import (
 log = logging.getLogger(__name__)
 
 _DELIVER_AT_MS = operator.attrgetter("deliver_at_ms")
-_STATS_ZERO = (
-    "appended",
-    "stored",
-    "duplicates",
-    "fsyncs",
-    "groups",
-    "fired",
-    "cancelled",
-    "loaded_buckets",
-    "consume_fsyncs",
-    "busy_rejections",
-    "deadline_refusals",
-    "corrupt_records",
-)
 
 
 def wall_clock_ms() -> int:
@@ -116,18 +102,15 @@ class DelayStore:
                 raise StoreError("a DelayStore can be opened once")
             self._state = "opening"
         d = self.config.data_dir
-        d.mkdir(parents=True, exist_ok=True)
-        self._lock_fd = os.open(d / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(self._lock_fd)
+            self._lock_fd = lock_data_dir(d)
+        except StoreError:
             self._state = "closed"
-            raise StoreError(f"data directory {d} is in use by another store") from None
+            raise
         t0 = time.monotonic()
         files: StoreFiles | None = None
         try:
-            self._read_meta()
+            self.bucket_ms = read_bucket_ms(self.config)
             files = self._files = StoreFiles(self.config)
             self._wire(files)
             files.open()
@@ -152,7 +135,7 @@ class DelayStore:
             len(self._sh.dedupe),
             len(self._sh.wheel.heap),
         )
-        self._scheduled_at_open = self._count_scheduled()
+        self._scheduled_at_open = _stats.count_scheduled(self._sh, files)
         for name, target in (
             ("committer", self._committer.run),
             ("firing", self._firing.run if self.config.firing_thread else None),
@@ -178,23 +161,6 @@ class DelayStore:
         self._firing = Firing(sh, self._syncer)
         self._committer = Committer(sh, self._replayer, self._check_open)
         self._lifecycle = Lifecycle(sh, self._committer)
-
-    def _read_meta(self) -> None:
-        """``meta.json`` fixes ``bucket_ms`` when a data directory is created."""
-        path = self.config.data_dir / "meta.json"
-        try:
-            meta = json.loads(path.read_bytes())
-            if not isinstance(meta, dict) or not isinstance(meta.get("bucket_ms"), int):
-                raise ValueError(f"{path} is not a store meta file")
-            stored = meta["bucket_ms"]
-            if stored <= 0:
-                raise ValueError(f"{path}: bad bucket_ms")
-            if stored != self.config.bucket_ms:
-                log.warning("data dir was created with bucket_ms=%d; keeping it", stored)
-            self.bucket_ms = stored
-        except FileNotFoundError:
-            data = json.dumps({"version": 1, "bucket_ms": self.bucket_ms}).encode()
-            atomic_write(path, data, fsync=self.config.fsync)
 
     def close(self) -> None:
         """Stop cleanly: drain the group commit and the firing pipeline, checkpoint, fsync.
@@ -405,53 +371,17 @@ class DelayStore:
         return self._firing.fire_due()
 
     # ------------------------------------------------------------------ stats
-    def _count_scheduled(self) -> int:
-        """Messages waiting to fire, at open: the loaded wheel plus the schedule entries
-        of the buckets not loaded yet (cancel entries of earlier runs count as well
-        until their bucket loads: an estimate, as exact as a file-size sum can be)."""
-        sh = self._sh
-        slog = self._files.slog
-        with sh.sched:
-            unloaded = sum(slog.size(b) for b in sh.wheel.unloaded) // SCHEDULE_ENTRY.size
-            return len(sh.wheel.heap) + unloaded
-
     def consume_lag(self) -> dict[tuple[str, str], int]:
         """Visible messages past each group's committed offsets, per ``(topic, group)``
         (the queues a group has committed on)."""
-        lag: dict[tuple[str, str], int] = {}
-        consume = self._files.consume
-        for (group, topic, qid), offset in self._files.offsets.snapshot().items():
-            q = consume.get(topic, qid, create=False)
-            behind = max(0, q.visible - offset) if q is not None else 0
-            lag[(topic, group)] = lag.get((topic, group), 0) + behind
-        return lag
+        return _stats.consume_lag(self._files)
 
     def histograms(self) -> dict[str, Histogram]:
         """Fire lateness (ms) and fsync durations (seconds, ``fsync_<file>``)."""
-        sh = self._sh
-        out = {"lateness_ms": sh.lateness}
-        for kind, h in sh.fsync_seconds.items():
-            out[f"fsync_{kind}"] = h
-        return out
+        return _stats.histograms(self._sh)
 
     def stats(self) -> dict[str, int | float]:
-        sh = self._sh
-        s: dict[str, int | float] = dict.fromkeys(_STATS_ZERO, 0)
-        s.update(sh.stats)
-        # what recovery found, then exact: every change since open is counted
-        s["scheduled"] = self._scheduled_at_open + s["stored"] - s["fired"] - s["cancelled"]
-        with sh.sched:
-            s["wheel_size"] = len(sh.wheel.heap)
-            s["active_buckets"] = len(sh.wheel.state)
-            s["unloaded_buckets"] = len(sh.wheel.unloaded)
-        s["pending"] = self._committer.pending
-        s["pending_bytes"] = self._committer.pending_bytes
-        s["dedupe_ids"] = len(sh.dedupe)
-        s["log_bytes"] = self._files.mlog.end
-        s["avg_group_size"] = s["appended"] / s["groups"] if s["groups"] else 0.0
-        lat = sorted(self._firing.lateness)
-        if lat:
-            s["lateness_p50_ms"] = lat[len(lat) // 2]
-            s["lateness_p99_ms"] = lat[min(len(lat) - 1, len(lat) * 99 // 100)]
-            s["lateness_max_ms"] = lat[-1]
-        return s
+        """Counters and gauges (see :func:`~qclient.server.store.stats.stats`)."""
+        return _stats.stats(
+            self._sh, self._files, self._committer, self._firing, self._scheduled_at_open
+        )
