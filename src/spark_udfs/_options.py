@@ -115,10 +115,11 @@ def _converter_for_default(default: Any) -> Callable[[str, Any], Any]:
 
 
 def _producer_params() -> dict[str, Callable[[str, Any], Any]]:
-    """Converters for every option of the SDK's ``ProducerConfig`` but ``namesrv``."""
+    """Converters for every option of the SDK's ``ProducerConfig`` but ``namesrv`` (and the
+    engine, which the address names)."""
     out: dict[str, Callable[[str, Any], Any]] = {}
     for f in dataclasses.fields(ProducerConfig):
-        if f.name == "namesrv":
+        if f.name in ("namesrv", "engine"):
             continue
         if f.name == "verify":
             out[f.name] = _bool_or_str

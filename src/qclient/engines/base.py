@@ -97,6 +97,8 @@ class Engine(ABC):
 
     #: the scheme of its name-server addresses, and the name in errors
     name: str = ""
+    #: cancel, lookup and reschedule by id (and so the clean-up of ambiguous copies)
+    lifecycle: bool = True
 
     # --- messages ------------------------------------------------------------------
 

@@ -82,6 +82,13 @@ class ProducerBase:
         ``brokers[name] = {requests, errors, avg_ms, p50_ms, p99_ms, max_ms}``."""
         return self._core.stats.snapshot()
 
+    def _lifecycle(self, feature: str) -> None:
+        """Raise ``UnsupportedByEngineError`` unless the engine can ``feature`` by id."""
+        self._check_open()
+        engine = self._core.engine
+        if not engine.lifecycle:
+            raise engine.unsupported(feature, "see README's per-engine table")
+
     def _check_open(self) -> None:
         if self._closed:
             raise ProducerClosedError("producer is closed")

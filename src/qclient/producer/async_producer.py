@@ -176,7 +176,8 @@ class AsyncProducer(ProducerBase):
         # copies ambiguous attempts may have left: cancelled from a thread, on this loop
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ambiguous = AmbiguousCopies(self._cancel_copy, self._lookup_copy)
-        self._core.on_ambiguous = self._note_ambiguous
+        if self._core.engine.lifecycle:
+            self._core.on_ambiguous = self._note_ambiguous
 
     def _note_ambiguous(
         self, result: SendResult, brokers: tuple[str, ...], away_from: tuple[str, ...]
@@ -307,7 +308,7 @@ class AsyncProducer(ProducerBase):
         msg_id: str | None = None,
     ) -> bool:
         """As ``Producer.cancel``: by ``result`` or by ``topic`` + ``msg_id``."""
-        self._check_open()
+        self._lifecycle("cancel")
         if result is not None and not result.topic:
             return await self._cancel_on(result)
         topic, msg_id, hint = lifecycle.cancel_target(result, topic, msg_id)
@@ -317,7 +318,7 @@ class AsyncProducer(ProducerBase):
 
     async def lookup(self, topic: str, msg_id: str) -> MessageInfo | None:
         """As ``Producer.lookup``."""
-        self._check_open()
+        self._lifecycle("lookup")
         lifecycle.check_id(topic, msg_id)
         plan = lifecycle.plan_lookup(self._core, await self._addrs(topic), topic, msg_id)
         info: MessageInfo | None = await run_async(plan, self._http)
@@ -332,7 +333,7 @@ class AsyncProducer(ProducerBase):
         deliver_at: datetime | float | None = None,
     ) -> SendResult:
         """As ``Producer.reschedule``."""
-        self._check_open()
+        self._lifecycle("reschedule")
         request = lifecycle.reschedule_request(self._core, topic, msg_id, delay, deliver_at)
         plan = lifecycle.plan_reschedule(self._core, await self._addrs(topic), request)
         result: SendResult = await run_async(plan, self._http)

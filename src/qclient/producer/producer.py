@@ -105,7 +105,8 @@ class Producer(ProducerBase):
     def _watch_ambiguous(self) -> None:
         """Cancel the copies that ambiguous attempts may have left (see _ambiguous)."""
         self._ambiguous = AmbiguousCopies(self._cancel_copy, self._lookup_copy)
-        self._core.on_ambiguous = self._ambiguous.note
+        if self._core.engine.lifecycle:
+            self._core.on_ambiguous = self._ambiguous.note
 
     def _cancel_copy(self, result: SendResult) -> bool:
         self._check_open()
@@ -283,7 +284,7 @@ class Producer(ProducerBase):
     ) -> bool:
         """Cancel a scheduled message (``result``, or ``topic`` + ``msg_id``) on every
         broker holding a copy; True if a copy was cancelled before it fired."""
-        self._check_open()
+        self._lifecycle("cancel")
         if result is not None and not result.topic:
             return self._cancel_on(result)
         topic, msg_id, hint = lifecycle.cancel_target(result, topic, msg_id)
@@ -292,7 +293,7 @@ class Producer(ProducerBase):
 
     def lookup(self, topic: str, msg_id: str) -> MessageInfo | None:
         """The state and times of a message any producer sent; None if no broker knows it."""
-        self._check_open()
+        self._lifecycle("lookup")
         lifecycle.check_id(topic, msg_id)
         plan = lifecycle.plan_lookup(self._core, self._addrs(topic), topic, msg_id)
         info: MessageInfo | None = run_sync(plan, self._http, self._executor)
@@ -308,7 +309,7 @@ class Producer(ProducerBase):
     ) -> SendResult:
         """Move a scheduled message to a new time, atomically on each broker (it fires
         once, at the new time); ``MessageNotScheduledError`` if it is not scheduled."""
-        self._check_open()
+        self._lifecycle("reschedule")
         request = lifecycle.reschedule_request(self._core, topic, msg_id, delay, deliver_at)
         plan = lifecycle.plan_reschedule(self._core, self._addrs(topic), request)
         result: SendResult = run_sync(plan, self._http, self._executor)

@@ -1,0 +1,320 @@
+"""``RocketMQEngine``: the producer's plan on Apache RocketMQ 5, in its remoting protocol.
+
+Each message of a chunk is one ``SEND_MESSAGE_V2`` request, and a chunk's requests are
+pipelined on the broker's one connection (``Connection.call_many``): RocketMQ's batch path
+does not run the timer hook (``HookUtils.handleScheduleMessage`` sees only single
+messages), so a delayed message in a ``SEND_BATCH_MESSAGE`` would be delivered at once.
+Immediate messages of a chunk ride one batch request. A delay becomes the absolute
+``TIMER_DELIVER_MS`` when the attempt starts (a retry carries the remaining delay), and
+the message id is RocketMQ's ``UNIQ_KEY``, so ids mean the same on both engines.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..._models import SendResult, SendStatus
+from ...errors import BrokerUnavailableError, QClientError, SendTimeoutError
+from ...producer._plan import CallResult, Item
+from ...protocol.wire import FLAG_COMPRESSED, WireMessage
+from ...transport.errors import Outcome
+from ..base import Engine, SendVerdict
+from . import message as msg
+from .aio import AsyncConnectionPool
+from .codes import RequestCode, ResponseCode, error_for, is_ambiguous_code, send_outcome
+from .connection import ConnectionPool, RemotingConnectionError, RemotingError, RemotingTimeoutError
+from .nameserver import AsyncRocketMQNameServer, RocketMQNameServer
+from .remoting import RemotingCommand, request
+
+if TYPE_CHECKING:
+    from ..._config import ProducerConfig
+    from ...transport.http import Credentials
+
+__all__ = ["PRODUCER_GROUP", "RemotingCall", "RocketMQEngine"]
+
+log = logging.getLogger(__name__)
+
+#: the producer group our requests name (RocketMQ's default group of a client)
+PRODUCER_GROUP = "QCLIENT_PRODUCER_GROUP"
+#: how much an answer says about the broker's health: a call's outcome in the fault table
+#: is its requests' worst (a final refusal of one message says nothing about the broker)
+_RANK = {
+    Outcome.OK: 0,
+    Outcome.FINAL: 0,
+    Outcome.CLIENT: 1,
+    Outcome.BROKER: 2,
+    Outcome.TRANSPORT: 3,
+}
+
+
+@dataclass(slots=True, eq=False)
+class RemotingCall:
+    """One broker's chunk as remoting requests; ``payload()`` builds them when the attempt
+    starts (fresh deliver times from the remaining delays)."""
+
+    broker: str
+    addr: str
+    timeout: float
+    items: list[Item]
+    #: the deliver time each item was sent with, set by ``payload()`` (epoch ms)
+    deliver_ms: list[int]
+    #: the item indexes of each request (one for a single send, several for a batch)
+    groups: list[list[int]]
+
+    def payload(self) -> list[RemotingCommand]:
+        now = time.time_ns() // 1_000_000
+        cmds: list[RemotingCommand] = []
+        groups: list[list[int]] = []
+        immediate: list[int] = []
+        deliver = self.deliver_ms
+        for i, it in enumerate(self.items):
+            w = it.wire
+            at = w.deliver_at_ms if w.deliver_at_ms is not None else now + (w.delay_ms or 0)
+            deliver[i] = at
+            if at > now:
+                cmds.append(_single(w, self.broker, at, now))
+                groups.append([i])
+            else:
+                immediate.append(i)
+        # a batch request is one topic and one queue (the first message's: the others
+        # report it too), and all compressed or none (its header's sysFlag)
+        batches: dict[tuple[str, int], list[int]] = {}
+        for i in immediate:
+            w = self.items[i].wire
+            batches.setdefault((w.topic, w.flag & FLAG_COMPRESSED), []).append(i)
+        for group in batches.values():
+            wires = [self.items[i].wire for i in group]
+            if len(wires) == 1:
+                cmds.append(_single(wires[0], self.broker, None, now))
+            else:
+                for w in wires[1:]:
+                    w.queue_id = wires[0].queue_id
+                cmds.append(_batch(wires, self.broker, now))
+            groups.append(group)
+        self.groups = groups
+        return cmds
+
+
+def _properties(w: WireMessage, deliver_ms: int | None) -> dict[str, str]:
+    props = dict(w.properties) if w.properties else {}
+    props[msg.UNIQ_KEY] = w.msg_id
+    props[msg.WAIT] = "true"
+    if w.key:
+        props[msg.KEYS] = w.key
+    if w.tags:
+        props[msg.TAGS] = w.tags
+    if deliver_ms is not None:
+        props[msg.TIMER_DELIVER_MS] = str(deliver_ms)
+    return props
+
+
+def _single(w: WireMessage, broker: str, deliver_ms: int | None, now: int) -> RemotingCommand:
+    header = msg.send_header(
+        group=PRODUCER_GROUP,
+        topic=w.topic,
+        queue_id=w.queue_id,
+        sys_flag=msg.SysFlag.COMPRESSED_ZLIB if w.flag & FLAG_COMPRESSED else 0,
+        born_ms=now,
+        flag=0,
+        properties=msg.encode_properties(_properties(w, deliver_ms)),
+        broker_name=broker,
+    )
+    return request(RequestCode.SEND_MESSAGE_V2, header, w.body)
+
+
+def _batch(wires: list[WireMessage], broker: str, now: int) -> RemotingCommand:
+    w0 = wires[0]
+    header = msg.send_header(
+        group=PRODUCER_GROUP,
+        topic=w0.topic,
+        queue_id=w0.queue_id,
+        sys_flag=msg.SysFlag.COMPRESSED_ZLIB if w0.flag & FLAG_COMPRESSED else 0,
+        born_ms=now,
+        flag=0,
+        properties="",
+        batch=True,
+        broker_name=broker,
+    )
+    body = msg.encode_batch(
+        [
+            (w.body, 0, msg.encode_properties(_properties(w, None)), bool(w.flag & FLAG_COMPRESSED))
+            for w in wires
+        ]
+    )
+    return request(RequestCode.SEND_BATCH_MESSAGE, header, body)
+
+
+class RocketMQEngine(Engine):
+    """Apache RocketMQ 5 brokers and NameServers, over remoting TCP."""
+
+    name = "rocketmq"
+    lifecycle = False
+
+    def send_call(self, broker: str, addr: str, items: list[Item], timeout: float) -> RemotingCall:
+        return RemotingCall(broker, addr, timeout, items, [0] * len(items), [])
+
+    def read_send(self, call: Any, res: CallResult) -> SendVerdict:
+        items: list[Item] = call.items
+        broker = call.broker
+        if res.exc is not None or res.response is None:
+            exc = res.exc or RemotingConnectionError("no response")
+            err = _transport_error(exc, broker, call.timeout)
+            log.warning(
+                "send of %d message(s) to %s failed after %.0f ms: %s",
+                len(items),
+                broker,
+                res.latency_ms,
+                err,
+            )
+            # a connection never opened stored nothing; anything else may have
+            return SendVerdict(Outcome.TRANSPORT, None, err, ambiguous=_maybe_sent(exc))
+        answers: list[SendResult | QClientError | None] = [None] * len(items)
+        retry: set[int] = set()
+        ambiguous: set[int] = set()
+        worst = Outcome.OK
+        ok = SendStatus.SEND_OK
+        for group, answer in zip(call.groups, res.response, strict=True):
+            if isinstance(answer, RemotingCommand):
+                code = answer.code
+                if code == ResponseCode.SUCCESS:
+                    for i in group:
+                        it = items[i]
+                        w = it.wire
+                        deliver = call.deliver_ms[i]
+                        answers[i] = SendResult(w.msg_id, ok, broker, w.queue_id, deliver, w.topic)
+                    continue
+                outcome, again = send_outcome(code, answer.remark)
+                topic = items[group[0]].wire.topic
+                err = error_for(code, answer.remark, broker=broker, topic=topic)
+                if is_ambiguous_code(code):
+                    ambiguous.update(group)
+                log.warning("broker %s refused a send: %s", broker, err)
+            else:
+                outcome, again = Outcome.TRANSPORT, True
+                err = _transport_error(answer, broker, call.timeout)
+                if _maybe_sent(answer):
+                    ambiguous.update(group)
+            if _RANK[outcome] > _RANK[worst]:
+                worst = outcome
+            for i in group:
+                answers[i] = err
+                if again:
+                    retry.add(i)
+        done: list[SendResult | QClientError] = [a for a in answers if a is not None]
+        if len(done) != len(items):
+            err = BrokerUnavailableError(
+                f"broker {broker} left messages unanswered", broker_name=broker
+            )
+            return SendVerdict(Outcome.BROKER, None, err)
+        return SendVerdict(worst, done, retry=frozenset(retry), ambiguous=frozenset(ambiguous))
+
+    # --- I/O objects ------------------------------------------------------------------
+
+    def _no_credentials(self, credentials: Credentials | None) -> None:
+        if credentials is not None:
+            raise self.unsupported(
+                "access control (access_key / secret_key)",
+                "use RocketMQ's own ACL on the cluster and leave the keys unset",
+            )
+
+    def sync_transport(
+        self, cfg: ProducerConfig, credentials: Credentials | None, *, lean: bool | None = None
+    ) -> SyncRemoting:
+        self._no_credentials(credentials)
+        return SyncRemoting(ConnectionPool(connect_timeout=cfg.namesrv_timeout))
+
+    def async_transport(
+        self, cfg: ProducerConfig, credentials: Credentials | None, *, lean: bool | None = None
+    ) -> AsyncRemoting:
+        self._no_credentials(credentials)
+        return AsyncRemoting(AsyncConnectionPool(connect_timeout=cfg.namesrv_timeout))
+
+    def name_server(self, cfg: ProducerConfig, transport: Any = None) -> RocketMQNameServer:
+        pool = transport.pool if isinstance(transport, SyncRemoting) else None
+        return RocketMQNameServer(cfg.namesrv, timeout=cfg.namesrv_timeout, pool=pool)
+
+    def async_name_server(self, cfg: ProducerConfig) -> AsyncRocketMQNameServer:
+        return AsyncRocketMQNameServer(cfg.namesrv, timeout=cfg.namesrv_timeout)
+
+    def probe(self, transport: Any) -> Callable[[str, float], bool]:
+        pool: ConnectionPool = transport.pool
+
+        def probe(addr: str, timeout: float) -> bool:
+            # any answer (even "not supported") says the broker is serving
+            try:
+                answer = pool.get(addr).call(request(RequestCode.GET_BROKER_RUNTIME_INFO), timeout)
+            except (RemotingError, OSError):
+                pool.discard(addr)
+                return False
+            return answer.code != ResponseCode.SYSTEM_BUSY
+
+        return probe
+
+
+class NotSentError(RemotingConnectionError):
+    """No connection to the broker could be opened: nothing of the call was sent."""
+
+
+def _maybe_sent(exc: BaseException) -> bool:
+    """Whether a failed request may have reached the broker (and been stored)."""
+    return isinstance(exc, RemotingError | TimeoutError) and not isinstance(exc, NotSentError)
+
+
+def _transport_error(exc: BaseException, broker: str, timeout: float) -> QClientError:
+    if isinstance(exc, QClientError):
+        return exc
+    if isinstance(exc, RemotingTimeoutError | TimeoutError):
+        return SendTimeoutError(f"broker {broker} did not answer within {timeout:.3f}s")
+    return BrokerUnavailableError(
+        f"broker {broker} unreachable: {type(exc).__name__}: {exc}", broker_name=broker
+    )
+
+
+class SyncRemoting:
+    """The blocking transport: a send call's requests, pipelined on the broker's one
+    connection; answers (or errors) in request order."""
+
+    def __init__(self, pool: ConnectionPool) -> None:
+        self.pool = pool
+
+    def perform(
+        self, call: RemotingCall, on_write: Callable[[], None] | None = None
+    ) -> list[RemotingCommand | RemotingError]:
+        try:
+            conn = self.pool.get(call.addr)
+        except RemotingError as exc:
+            raise NotSentError(str(exc)) from exc
+        cmds = call.payload()
+        if on_write is not None:
+            on_write()
+        answers = conn.call_many(cmds, call.timeout)
+        if any(isinstance(a, RemotingConnectionError) for a in answers):
+            self.pool.discard(call.addr)
+        return answers
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+class AsyncRemoting:
+    """The asyncio transport (``SyncRemoting`` on one event loop)."""
+
+    def __init__(self, pool: AsyncConnectionPool) -> None:
+        self.pool = pool
+
+    async def perform(self, call: RemotingCall) -> list[RemotingCommand | RemotingError]:
+        try:
+            conn = await self.pool.get(call.addr)
+        except RemotingError as exc:
+            raise NotSentError(str(exc)) from exc
+        answers = await conn.call_many(call.payload(), call.timeout)
+        if any(isinstance(a, RemotingConnectionError) for a in answers):
+            await self.pool.discard(call.addr)
+        return answers
+
+    async def aclose(self) -> None:
+        await self.pool.close()
