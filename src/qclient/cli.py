@@ -86,11 +86,25 @@ def cmd_send(args: argparse.Namespace) -> int:
     return 0
 
 
+def _engine(args: argparse.Namespace) -> tuple[str, tuple[str, ...]]:
+    from .engines import parse_namesrv
+
+    try:
+        return parse_namesrv(args.namesrv)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+
+
 def cmd_route(args: argparse.Namespace) -> int:
     from .protocol import wire
     from .routing.nameserver import NameServerClient
 
-    with NameServerClient(args.namesrv) as ns:
+    engine, addrs = _engine(args)
+    if engine == "rocketmq":
+        from . import _cli_rocketmq
+
+        return _cli_rocketmq.route(args, addrs)
+    with NameServerClient(addrs) as ns:
         route = ns.get_route(args.topic)
     print(wire.encode(route).decode())
     return 0
@@ -102,6 +116,11 @@ def cmd_topic_create(args: argparse.Namespace) -> int:
     from .transport.errors import error_for_code, parse_error_response
     from .transport.http import Credentials, SyncHttp
 
+    engine, addrs = _engine(args)
+    if engine == "rocketmq":
+        from . import _cli_rocketmq
+
+        return _cli_rocketmq.topic_create(args, addrs)
     creds = _credentials(args)
     credentials = (
         Credentials(creds["access_key"], creds["secret_key"])
@@ -110,7 +129,7 @@ def cmd_topic_create(args: argparse.Namespace) -> int:
     )
     http = SyncHttp(content_type=wire.JSON, credentials=credentials)
     try:
-        with NameServerClient(args.namesrv, http=http) as ns:
+        with NameServerClient(addrs, http=http) as ns:
             brokers = ns.list_brokers().brokers
         if not brokers:
             raise CliError("no broker is registered with the name server")

@@ -67,12 +67,18 @@ class _Failover:
             raise RemotingProtocolError(f"{code_name(answer.code)}: {answer.remark}")
         return parse_route(topic, answer.body)
 
-    def failure(self, topic: str, errors: list[str], not_found: bool) -> Exception:
+    def failure(
+        self, topic: str, errors: list[str], not_found: bool, auto_create: bool = False
+    ) -> Exception:
         asked = ", ".join(self.addrs)
         if not_found and not errors:
+            tail = (
+                f", and no broker creates topics ({AUTO_CREATE_TOPIC} has no route)"
+                if auto_create
+                else ""
+            )
             return RouteNotFoundError(
-                f"no route for topic {topic!r}: unknown to the NameServers asked ({asked}) "
-                f"and no broker creates topics ({AUTO_CREATE_TOPIC} has no route)",
+                f"no route for topic {topic!r}: unknown to the NameServers asked ({asked}){tail}",
                 topic=topic,
                 namesrv=self.addrs,
             )
@@ -136,6 +142,10 @@ class RocketMQNameServer:
             return route
         raise self._f.failure(topic, errors, not_found)
 
+    def route(self, topic: str) -> TopicRoute:
+        """The topic's route as the NameServers have it; ``RouteNotFoundError`` if none."""
+        return self._route(topic)
+
     def get_route(self, topic: str) -> TopicRoute:
         """The topic's route; an unknown topic gets the auto-create route of ``TBW102``."""
         try:
@@ -144,7 +154,7 @@ class RocketMQNameServer:
             try:
                 default = self._route(AUTO_CREATE_TOPIC)
             except RouteNotFoundError:
-                raise self._f.failure(topic, [], True) from None
+                raise self._f.failure(topic, [], True, auto_create=True) from None
             return auto_create_route(topic, default)
 
     def close(self) -> None:
@@ -192,7 +202,7 @@ class AsyncRocketMQNameServer:
             try:
                 default = await self._route(AUTO_CREATE_TOPIC)
             except RouteNotFoundError:
-                raise self._f.failure(topic, [], True) from None
+                raise self._f.failure(topic, [], True, auto_create=True) from None
             return auto_create_route(topic, default)
 
     async def aclose(self) -> None:
