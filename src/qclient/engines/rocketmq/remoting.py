@@ -24,6 +24,7 @@ __all__ = [
     "FrameDecoder",
     "RemotingCommand",
     "RemotingProtocolError",
+    "decode_frame",
     "encode",
     "request",
     "response_to",
