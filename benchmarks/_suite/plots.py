@@ -8,6 +8,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks._suite.values import flatten
+
 log = logging.getLogger(__name__)
 
 __all__ = ["collect", "plot_all", "plot_chaos_timeline"]
@@ -38,8 +40,6 @@ def collect(results: Mapping[str, Any], key: str) -> dict[str, Any]:
     For ``throughput``, a scenario without that key contributes its numbers whose names end
     in msgs_per_s / rows_per_s.
     """
-    from benchmarks._suite.report import flatten
-
     out: dict[str, Any] = {}
     for name, rec in results.get("scenarios", {}).items():
         result = rec.get("result") or {}

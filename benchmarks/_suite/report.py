@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
+
+from benchmarks._suite.plots import plot_all
+from benchmarks._suite.values import flatten
+from benchmarks._suite.values import fmt as _fmt
 
 log = logging.getLogger(__name__)
 
@@ -19,17 +22,6 @@ __all__ = [
     "write_report",
 ]
 
-#: keys that hold bulk data for plots, not numbers for tables
-BULK_KEYS = {
-    "samples_ms",
-    "lateness_samples_ms",
-    "timeline",
-    "chaos_timeline",
-    "throughput",
-    "peers",
-    "targets",
-    "notes",
-}
 MAX_ROWS = 80
 
 
@@ -42,54 +34,11 @@ def target(name: str, value: Any, wanted: str, met: bool, *, floor: Any = None) 
     return t
 
 
-def _fmt(v: Any) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, bool):
-        return "yes" if v else "no"
-    if isinstance(v, float):
-        if not math.isfinite(v):
-            return str(v)
-        if abs(v) >= 100:
-            return f"{v:,.0f}"
-        if abs(v) >= 10:
-            return f"{v:.1f}"
-        return f"{v:.3g}"
-    if isinstance(v, int):
-        return f"{v:,}" if abs(v) >= 10000 else str(v)
-    return str(v).replace("|", "\\|").replace("\n", " ")
-
-
 def _table(header: Iterable[str], rows: Iterable[Iterable[Any]]) -> str:
     h = list(header)
     lines = ["| " + " | ".join(h) + " |", "|" + "---|" * len(h)]
     lines += ["| " + " | ".join(_fmt(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
-
-
-def flatten(obj: Any, prefix: str = "") -> list[tuple[str, Any]]:
-    """Scalars of a nested JSON value as (dotted key, value); bulk keys and long lists skipped."""
-    out: list[tuple[str, Any]] = []
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            if k in BULK_KEYS and not prefix:
-                continue
-            if k == "samples_ms":
-                continue
-            out += flatten(v, f"{prefix}.{k}" if prefix else str(k))
-    elif isinstance(obj, list):
-        if all(not isinstance(x, dict | list) for x in obj):
-            if len(obj) <= 8:
-                out.append((prefix, ", ".join(_fmt(x) for x in obj)))
-        else:
-            for i, x in enumerate(obj):
-                label = i
-                if isinstance(x, dict):
-                    label = x.get("name") or x.get("mode") or x.get("peer") or x.get("label") or i
-                out += flatten(x, f"{prefix}[{label}]")
-    else:
-        out.append((prefix, obj))
-    return out
 
 
 def peers_table(rows: list[dict[str, Any]]) -> str:
@@ -260,8 +209,6 @@ def targets_table(results: Mapping[str, Any]) -> str | None:
 
 def write_report(results: Mapping[str, Any], out_dir: Path) -> Path:
     """Draw the plots and write REPORT.md into ``out_dir``; returns its path."""
-    from benchmarks._suite.plots import plot_all
-
     plots = plot_all(results, out_dir)
     scen: Mapping[str, Any] = results.get("scenarios", {})
     host = results.get("host", {})
