@@ -46,3 +46,15 @@ bench: setup
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache
+
+## java-peer: the Java peer jar (tools/rocketmq/java: Apache RocketMQ's own Java client, run
+## by benchmarks/_rocketmq_java.py). The jar is its own stamp: rebuilt when the pom or a
+## source is newer. Offline first (every plugin and jar cached after one build), else online.
+JAVA_PEER_DIR := tools/rocketmq/java
+JAVA_PEER_JAR := $(JAVA_PEER_DIR)/target/qclient-java-peer.jar
+.PHONY: java-peer
+java-peer: $(JAVA_PEER_JAR)
+
+$(JAVA_PEER_JAR): $(JAVA_PEER_DIR)/pom.xml $(shell find $(JAVA_PEER_DIR)/src -type f 2>/dev/null)
+	cd $(JAVA_PEER_DIR) && (mvn -q -B -o package || mvn -q -B package)
+	@touch $@
