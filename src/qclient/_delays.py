@@ -1,8 +1,8 @@
 """Delays and deliver times as whole milliseconds, checked, always rounded up.
 
 A message must never be due before the time asked, and brokers count time in whole
-milliseconds, so every conversion into ms rounds up (docs/decisions/, "Rounding to
-milliseconds").
+milliseconds, so every conversion into ms rounds up
+(docs/decisions/0018-rounding-to-milliseconds.md).
 """
 
 from __future__ import annotations
