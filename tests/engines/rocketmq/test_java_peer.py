@@ -28,8 +28,10 @@ from benchmarks._rocketmq_java import (
 
 _WHY = java_peer_available()
 # CI builds the peer in `make setup`: there a missing peer is a failure, not a skip.
+# One xdist worker runs the module, so its one cluster serves both tests.
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.xdist_group("rocketmq_java_peer"),
     pytest.mark.skipif(_WHY is not None and not os.environ.get("CI"), reason=str(_WHY)),
 ]
 
@@ -168,8 +170,9 @@ def namesrv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             "flushDiskType": "SYNC_FLUSH",
         }
         procs.append(_start(tmp, "broker", "org.apache.rocketmq.broker.BrokerStartup", broker_conf))
-        # Producers auto-create topics from TBW102's route: wait until the broker registered it
-        # (a registration at start was once missing and came with the periodic one, 10 s later).
+        # Producers auto-create topics from TBW102's route, so the NameServer must know the
+        # broker before the first send; 'boot success' alone does not ensure it (sends can fail
+        # with 'No route info' until the broker's periodic registration, 10 s after its start).
         deadline = time.monotonic() + 30
         while not _route_known(addr, "TBW102"):
             assert time.monotonic() < deadline, "the broker did not register with the NameServer"
