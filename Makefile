@@ -58,3 +58,6 @@ java-peer: $(JAVA_PEER_JAR)
 $(JAVA_PEER_JAR): $(JAVA_PEER_DIR)/pom.xml $(shell find $(JAVA_PEER_DIR)/src -type f 2>/dev/null)
 	cd $(JAVA_PEER_DIR) && (mvn -q -B -o package || mvn -q -B package)
 	@touch $@
+
+# make setup (and so make test, what CI runs) builds the peer too: tests/engines/rocketmq runs it.
+setup: java-peer
