@@ -1,0 +1,457 @@
+"""The remoting drivers (blocking Connection, asyncio AsyncConnection) against a real
+Apache RocketMQ NameServer: many requests in flight on one connection, pipelined batches,
+timeouts on a paused server, fast failure when it dies.
+
+GET_ROUTEINFO_BY_TOPIC (105) for a topic nobody created is the probe: the NameServer
+answers TOPIC_NOT_EXIST (17) at once, with the topic in the remark, so each answer can be
+matched to its request by content as well as by opaque. Requests from the server to the
+client are tested in test_server_requests.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import queue
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Coroutine, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from qclient.engines.rocketmq.aio import AsyncConnection, AsyncConnectionPool
+from qclient.engines.rocketmq.connection import (
+    Connection,
+    ConnectionPool,
+    RemotingConnectionError,
+    RemotingTimeoutError,
+)
+from qclient.engines.rocketmq.remoting import (
+    RemotingCommand,
+    request,
+)
+
+LIB = Path(__file__).resolve().parents[3] / "tools" / "rocketmq" / "lib"
+GET_ROUTEINFO_BY_TOPIC = 105
+TOPIC_NOT_EXIST = 17
+_JVM_FLAGS = ["-Xms128m", "-Xmx128m", "-XX:+UseSerialGC"]
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("java") is None or not any(LIB.glob("rocketmq-namesrv-*.jar")),
+    reason="needs java and the RocketMQ jars in tools/rocketmq/lib",
+)
+
+_LOGBACK = """<configuration>
+  <appender name="F" class="ch.qos.logback.core.FileAppender">
+    <file>{log}</file><encoder><pattern>%d %p %c{{1}} - %m%n</pattern></encoder>
+  </appender>
+  <root level="INFO"><appender-ref ref="F"/></root>
+</configuration>
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Namesrv:
+    """A NameServer JVM on 127.0.0.1:<free port>, home and logs in ``tmp``."""
+
+    def __init__(self, tmp: Path) -> None:
+        tmp.mkdir(parents=True, exist_ok=True)
+        self.port = _free_port()
+        self.addr = f"127.0.0.1:{self.port}"
+        (tmp / "namesrv.conf").write_text(f"listenPort={self.port}\nbindAddress=127.0.0.1\n")
+        (tmp / "logback.xml").write_text(_LOGBACK.format(log=tmp / "namesrv.log"))
+        self._out = open(tmp / "stdout.txt", "wb")  # noqa: SIM115 (closed in stop)
+        props = [f"-Duser.home={tmp}", f"-Drocketmq.home.dir={tmp}"]
+        props.append(f"-Drmq.logback.configurationFile={tmp / 'logback.xml'}")
+        main = ["org.apache.rocketmq.namesrv.NamesrvStartup", "-c", str(tmp / "namesrv.conf")]
+        self.proc = subprocess.Popen(
+            ["java", *_JVM_FLAGS, *props, "-cp", f"{LIB}/*", *main],
+            stdout=self._out,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            self._wait_ready(tmp, deadline=time.monotonic() + 60)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_ready(self, tmp: Path, deadline: float) -> None:
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                out = (tmp / "stdout.txt").read_text(errors="replace")
+                raise RuntimeError(f"namesrv exited {self.proc.returncode}: {out}")
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.5),
+            ):
+                return
+            time.sleep(0.05)
+        raise RuntimeError("namesrv did not accept connections within 60 s")
+
+    def signal(self, sig: int) -> None:
+        os.kill(self.proc.pid, sig)
+
+    def pause(self) -> None:
+        """SIGSTOP, then wait until every JVM thread is stopped: the kernel may hold the
+        stop pending a while (seen: over 200 ms, with the JVM still answering)."""
+        self.signal(signal.SIGSTOP)
+        try:
+            _wait_for(self._stopped, 10.0)
+        except BaseException:
+            self.resume()
+            raise
+
+    def resume(self) -> None:
+        self.signal(signal.SIGCONT)
+
+    def _stopped(self) -> bool:
+        for task in Path(f"/proc/{self.proc.pid}/task").iterdir():
+            try:
+                stat = (task / "stat").read_text()
+            except OSError:  # the thread exited
+                continue
+            if stat.rpartition(")")[2].split()[0] not in ("T", "t"):
+                return False
+        return True
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)
+        self._out.close()
+
+
+@pytest.fixture(scope="module")
+def namesrv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Namesrv]:
+    """One NameServer for the module; a test that pauses it resumes it."""
+    ns = Namesrv(tmp_path_factory.mktemp("namesrv"))
+    try:
+        yield ns
+    finally:
+        ns.stop()
+
+
+@pytest.fixture
+def doomed_namesrv(tmp_path: Path) -> Iterator[Namesrv]:
+    """A NameServer of the test's own, which the test may kill."""
+    ns = Namesrv(tmp_path / "namesrv")
+    try:
+        yield ns
+    finally:
+        ns.stop()
+
+
+def _probe(topic: str) -> RemotingCommand:
+    return request(GET_ROUTEINFO_BY_TOPIC, {"topic": topic})
+
+
+def _check_answer(req: RemotingCommand, resp: Any, topic: str) -> None:
+    assert isinstance(resp, RemotingCommand), resp
+    assert resp.is_response and resp.opaque == req.opaque
+    assert resp.code == TOPIC_NOT_EXIST and resp.remark is not None
+    assert f"topic: {topic}\n" in resp.remark
+
+
+def _wait_for(cond: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.005)
+
+
+# --- blocking ------------------------------------------------------------------------------
+
+
+def test_64_threads_share_one_connection(namesrv: Namesrv) -> None:
+    errors: list[BaseException] = []
+    answered = [0] * 64
+    with Connection(namesrv.addr) as conn:
+
+        def worker(t: int) -> None:
+            try:
+                for i in range(50):
+                    topic = f"t{t}-{i}"
+                    req = _probe(topic)
+                    _check_answer(req, conn.call(req, 10.0), topic)
+                    answered[t] += 1
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=worker, args=(t,)) for t in range(64)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(60)
+        assert not errors, errors[:3]
+        assert answered == [50] * 64
+        assert conn.in_flight == 0 and not conn.closed
+
+
+def test_call_many_answers_in_order(namesrv: Namesrv) -> None:
+    with Connection(namesrv.addr) as conn:
+        reqs = [_probe(f"many-{i}") for i in range(100)]
+        answers = conn.call_many(reqs, 10.0)
+        assert len(answers) == 100
+        for i, (req, resp) in enumerate(zip(reqs, answers, strict=True)):
+            _check_answer(req, resp, f"many-{i}")
+        assert conn.call_many([], 1.0) == []
+
+
+def test_timeout_on_paused_namesrv_then_close_fails_in_flight(namesrv: Namesrv) -> None:
+    with Connection(namesrv.addr) as conn:
+        _check_answer(req := _probe("warm"), conn.call(req, 5.0), "warm")
+        namesrv.pause()
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(RemotingTimeoutError):
+                conn.call(_probe("paused"), 0.3)
+            elapsed = time.monotonic() - t0
+            assert 0.3 <= elapsed < 0.35, elapsed
+            t0 = time.monotonic()
+            answers = conn.call_many([_probe(f"paused-{i}") for i in range(5)], 0.3)
+            assert all(isinstance(a, RemotingTimeoutError) for a in answers), answers
+            assert time.monotonic() - t0 < 0.35
+            assert conn.in_flight == 0 and not conn.closed
+        finally:
+            namesrv.resume()
+        # the late answers are dropped; the connection still works
+        _check_answer(req := _probe("resumed"), conn.call(req, 5.0), "resumed")
+
+    # close() fails calls in flight at once
+    with Connection(namesrv.addr) as conn:
+        namesrv.pause()
+        try:
+            failures: queue.SimpleQueue[BaseException] = queue.SimpleQueue()
+
+            def caller() -> None:
+                try:
+                    conn.call(_probe("never"), 30.0)
+                except BaseException as exc:
+                    failures.put(exc)
+
+            threads = [threading.Thread(target=caller) for _ in range(4)]
+            for th in threads:
+                th.start()
+            _wait_for(lambda: conn.in_flight == 4)
+            t0 = time.monotonic()
+            conn.close()
+            for th in threads:
+                th.join(5)
+            assert time.monotonic() - t0 < 1.0
+            got = [failures.get_nowait() for _ in range(4)]
+            assert all(isinstance(e, RemotingConnectionError) for e in got), got
+            with pytest.raises(RemotingConnectionError):
+                conn.call(_probe("after-close"), 5.0)
+        finally:
+            namesrv.resume()
+
+
+def test_killed_namesrv_fails_calls_fast(doomed_namesrv: Namesrv) -> None:
+    ns = doomed_namesrv
+    with ConnectionPool(connect_timeout=2.0) as pool:
+        conn = pool.get(ns.addr)
+        assert pool.get(ns.addr) is conn
+        _check_answer(req := _probe("alive"), conn.call(req, 5.0), "alive")
+        ns.pause()  # keeps the calls below in flight until the kill
+        results: queue.SimpleQueue[object] = queue.SimpleQueue()
+
+        def caller() -> None:
+            try:
+                results.put(conn.call(_probe("doomed"), 20.0))
+            except BaseException as exc:
+                results.put(exc)
+
+        def batch() -> None:
+            results.put(conn.call_many([_probe(f"doomed-{i}") for i in range(10)], 20.0))
+
+        threads = [threading.Thread(target=caller) for _ in range(8)]
+        threads.append(threading.Thread(target=batch))
+        for th in threads:
+            th.start()
+        _wait_for(lambda: conn.in_flight == 18)
+        t0 = time.monotonic()
+        ns.signal(signal.SIGKILL)
+        for th in threads:
+            th.join(10)
+        assert time.monotonic() - t0 < 2.0  # against a 20 s timeout
+        got = [results.get_nowait() for _ in range(9)]
+        batches = [r for r in got if isinstance(r, list)]
+        singles = [r for r in got if not isinstance(r, list)]
+        assert len(batches) == 1 and len(singles) == 8
+        assert all(isinstance(e, RemotingConnectionError) for e in singles + batches[0])
+        assert conn.closed
+        t0 = time.monotonic()
+        with pytest.raises(RemotingConnectionError):
+            conn.call(_probe("new"), 20.0)
+        assert time.monotonic() - t0 < 0.1
+        # the dying JVM closes its connections before its listening socket: until it has
+        # exited, a connect may still be accepted (by the kernel, into the backlog)
+        ns.proc.wait(10)
+        t0 = time.monotonic()
+        with pytest.raises(RemotingConnectionError):
+            pool.get(ns.addr)  # a new connection: refused
+        assert time.monotonic() - t0 < 1.0
+
+
+def test_pool_replaces_closed_and_discarded(namesrv: Namesrv) -> None:
+    pool = ConnectionPool()
+    try:
+        first = pool.get(namesrv.addr)
+        first.close()
+        second = pool.get(namesrv.addr)
+        assert second is not first and not second.closed
+        pool.discard(namesrv.addr)
+        assert second.closed
+        third = pool.get(namesrv.addr)
+        _check_answer(req := _probe("pool"), third.call(req, 5.0), "pool")
+    finally:
+        pool.close()
+    assert third.closed
+    with pytest.raises(RemotingConnectionError):
+        pool.get(namesrv.addr)
+
+
+def test_connect_refused() -> None:
+    t0 = time.monotonic()
+    with pytest.raises(RemotingConnectionError):
+        Connection(f"127.0.0.1:{_free_port()}", connect_timeout=2.0)
+    assert time.monotonic() - t0 < 1.0
+
+
+# --- asyncio -------------------------------------------------------------------------------
+
+
+def _loop_factories() -> list[Any]:
+    params: list[Any] = [pytest.param(asyncio.new_event_loop, id="asyncio")]
+    try:
+        import uvloop
+    except ImportError:
+        params.append(pytest.param(None, id="uvloop", marks=pytest.mark.skip("no uvloop")))
+    else:
+        params.append(pytest.param(uvloop.new_event_loop, id="uvloop"))
+    return params
+
+
+@pytest.fixture(params=_loop_factories())
+def run(request: pytest.FixtureRequest) -> Callable[[Coroutine[Any, Any, Any]], Any]:
+    """Run a coroutine to completion on the parametrized event loop (bounded to 60 s)."""
+    factory = request.param
+
+    def runner(coro: Coroutine[Any, Any, Any]) -> Any:
+        async def bounded() -> Any:
+            async with asyncio.timeout(60):
+                return await coro
+
+        with asyncio.Runner(loop_factory=factory) as r:
+            return r.run(bounded())
+
+    return runner
+
+
+def test_async_many_tasks_share_one_connection(namesrv: Namesrv, run: Any) -> None:
+    async def main() -> None:
+        async with await AsyncConnection.connect(namesrv.addr) as conn:
+
+            async def worker(t: int) -> int:
+                for i in range(50):
+                    topic = f"a{t}-{i}"
+                    req = _probe(topic)
+                    _check_answer(req, await conn.call(req, 10.0), topic)
+                return 50
+
+            assert await asyncio.gather(*(worker(t) for t in range(64))) == [50] * 64
+            assert conn.in_flight == 0 and not conn.closed
+
+            reqs = [_probe(f"amany-{i}") for i in range(100)]
+            answers = await conn.call_many(reqs, 10.0)
+            for i, (req, resp) in enumerate(zip(reqs, answers, strict=True)):
+                _check_answer(req, resp, f"amany-{i}")
+
+    run(main())
+
+
+def test_async_timeout_on_paused_namesrv(namesrv: Namesrv, run: Any) -> None:
+    async def main() -> None:
+        async with await AsyncConnection.connect(namesrv.addr) as conn:
+            _check_answer(req := _probe("warm"), await conn.call(req, 5.0), "warm")
+            namesrv.pause()
+            try:
+                t0 = time.monotonic()
+                with pytest.raises(RemotingTimeoutError):
+                    await conn.call(_probe("paused"), 0.3)
+                # uvloop's timers tick in whole milliseconds: one may fire a moment early
+                assert 0.298 <= time.monotonic() - t0 < 0.35
+                t0 = time.monotonic()
+                answers = await conn.call_many([_probe(f"p{i}") for i in range(5)], 0.3)
+                assert all(isinstance(a, RemotingTimeoutError) for a in answers), answers
+                assert time.monotonic() - t0 < 0.35
+                late = _probe("late")
+                stuck = asyncio.ensure_future(conn.call(late, 30.0))
+                while conn.in_flight != 1:
+                    await asyncio.sleep(0.005)
+            finally:
+                namesrv.resume()
+            # answered once resumed; the answers to the timed-out calls were dropped
+            _check_answer(late, await stuck, "late")
+            _check_answer(req := _probe("resumed"), await conn.call(req, 5.0), "resumed")
+
+            namesrv.pause()
+            try:
+                stuck = asyncio.ensure_future(conn.call(_probe("stuck"), 30.0))
+                while conn.in_flight != 1:
+                    await asyncio.sleep(0.005)
+                await conn.close()
+                with pytest.raises(RemotingConnectionError):
+                    await stuck
+            finally:
+                namesrv.resume()
+
+    run(main())
+
+
+def test_async_killed_namesrv_fails_calls_fast(doomed_namesrv: Namesrv, run: Any) -> None:
+    ns = doomed_namesrv
+
+    async def main() -> None:
+        async with AsyncConnectionPool(connect_timeout=2.0) as pool:
+            conn = await pool.get(ns.addr)
+            assert await pool.get(ns.addr) is conn
+            _check_answer(req := _probe("alive"), await conn.call(req, 5.0), "alive")
+            ns.pause()
+            singles = [asyncio.ensure_future(conn.call(_probe("d"), 20.0)) for _ in range(8)]
+            batch = asyncio.ensure_future(
+                conn.call_many([_probe(f"d{i}") for i in range(10)], 20.0)
+            )
+            while conn.in_flight != 18:
+                await asyncio.sleep(0.005)
+            t0 = time.monotonic()
+            ns.signal(signal.SIGKILL)
+            got = await asyncio.gather(*singles, return_exceptions=True)
+            got += await batch
+            assert time.monotonic() - t0 < 2.0  # against a 20 s timeout
+            assert len(got) == 18
+            assert all(isinstance(e, RemotingConnectionError) for e in got), got
+            assert conn.closed
+            t0 = time.monotonic()
+            with pytest.raises(RemotingConnectionError):
+                await conn.call(_probe("new"), 20.0)
+            assert time.monotonic() - t0 < 0.1
+            await asyncio.to_thread(ns.proc.wait, 10)  # see the blocking test
+            t0 = time.monotonic()
+            with pytest.raises(RemotingConnectionError):
+                await pool.get(ns.addr)
+            assert time.monotonic() - t0 < 1.0
+
+    run(main())
