@@ -73,11 +73,13 @@ def _run(
     if why is not None:
         raise JavaPeerError(why)
     with tempfile.TemporaryDirectory(prefix="qclient-javapeer-") as home:
-        # user.home: anything the client keeps on disk lands in the throwaway directory.
+        # user.home, java.io.tmpdir: what the client keeps on disk lands in the throwaway
+        # directory.
         cmd = [
             "java",
             *jvm,
             f"-Duser.home={home}",
+            f"-Djava.io.tmpdir={home}",
             "-cp",
             f"{JAR}{os.pathsep}{LIB}{os.sep}*",
             "io.qclient.peer.Main",

@@ -90,6 +90,8 @@ def _start(tmp: Path, role: str, main: str, conf: dict[str, object]) -> subproce
         *_JVM,
         f"-Duser.home={tmp}",
         f"-Drocketmq.home.dir={tmp}",
+        # Netty's self-signed TLS certificates (made at start) land here, not in /tmp.
+        f"-Djava.io.tmpdir={tmp}",
         f"-Drmq.logback.configurationFile={tmp / f'{role}.logback.xml'}",
         "-cp",
         f"{LIB}{os.sep}*",
