@@ -1,0 +1,440 @@
+"""A RocketMQ group member's background work, on one asyncio event loop: heartbeats and
+rebalancing, one long-polling pull per owned queue, and commits.
+
+Every ``interval`` (and at once when a broker sends NOTIFY_CONSUMER_IDS_CHANGED) the
+member heartbeats every master of the topic, reads the group's members from one broker,
+and divides the topic's sorted queues among them (``AllocateMessageQueueAveragely``, as
+RocketMQ's own consumers do, so they can share a group with this one). A queue it stops
+owning is committed first, then let go; a new queue is read from the group's committed
+offset, or from its first stored offset when the group has none
+(CONSUME_FROM_FIRST_OFFSET). Each owned queue has one PULL_MESSAGE in flight that the
+broker holds until a message arrives (long polling); what it answers goes to the shared
+:class:`~.state.ConsumeState`, which the polling thread reads under the same lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Sequence
+
+from ...errors import BrokerResponseError, BrokerUnavailableError, QClientError
+from .aio import AsyncConnection, AsyncConnectionPool
+from .codes import RequestCode, ResponseCode, code_name
+from .connection import RemotingConnectionError, RemotingError
+from .message import MessageDecodeError
+from .nameserver import AsyncRocketMQNameServer
+from .pull import PullStatus, parse_pull, pull_request
+from .rebalance import (
+    Handover,
+    Key,
+    consumer_list_request,
+    heartbeat_request,
+    min_offset_request,
+    parse_consumer_list,
+    query_offset_request,
+    read_offset,
+    readable_queues,
+    unregister_request,
+    update_offset_request,
+)
+from .remoting import RemotingCommand, response_to
+from .state import ConsumeState
+
+__all__ = ["MemberLoop"]
+
+log = logging.getLogger(__name__)
+
+#: how long a broker may hold a pull while the queue has nothing new (long polling)
+SUSPEND_MS = 15_000
+#: messages per pull (the broker's default cap for messages in memory)
+PULL_BATCH = 32
+#: stop fetching a queue / all queues while this many messages are held, not returned
+MAX_HELD_PER_QUEUE = 1_000
+MAX_HELD = 10_000
+#: seconds between route look-ups (sooner after a broker failed)
+ROUTE_TTL = 5.0
+#: how often a held-back fetch looks again
+_FLOW_WAIT = 0.05
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class MemberLoop:
+    """The member's coroutines. Built on any thread; ``run`` and ``shutdown`` run on the
+    loop; ``state`` is shared with other threads under ``cond``."""
+
+    def __init__(
+        self,
+        *,
+        namesrv: Sequence[str],
+        topic: str,
+        group: str,
+        client_id: str,
+        request_timeout: float,
+        interval: float,
+        state: ConsumeState,
+        cond: threading.Condition,
+    ) -> None:
+        self.topic = topic
+        self.group = group
+        self.client_id = client_id
+        self._namesrv = tuple(namesrv)
+        self._timeout = request_timeout
+        self._interval = interval
+        self._state = state
+        self._cond = cond
+        self._sub_version = _now_ms()
+        # a member letting a queue go waits up to _ack_wait for the application's next
+        # poll; the new owner waits for that and for a round of heartbeats (the member
+        # may learn of the change only then)
+        self._ack_wait = interval / 4
+        self._handover = Handover(client_id, grace=interval * 1.5)
+        self._masters: dict[str, str] = {}  # broker name -> master address, from the route
+        self._addrs: dict[str, str] = {}  # every broker address seen (commits on let-go)
+        self._queues: list[Key] = []
+        self._route_at = -1e9
+        self._pulls: dict[Key, asyncio.Task[None]] = {}
+        self._commit_locks: dict[str, asyncio.Lock] = {}
+        self._stopping = False
+        self._task: asyncio.Task[None] | None = None
+        self._wake: asyncio.Event | None = None
+        self._commit_wake: asyncio.Event | None = None
+        self._pool: AsyncConnectionPool | None = None
+        self._ns: AsyncRocketMQNameServer | None = None
+        #: whether a route was ever read, and the last round's error (poll raises it
+        #: while there has been no route)
+        self.routed = False
+        self.error: QClientError | None = None
+        self.members: list[str] = []
+
+    # --- from other threads -----------------------------------------------------------
+
+    def wake_committer(self) -> None:
+        """Commit what was acknowledged soon (call on the loop's thread only)."""
+        if self._commit_wake is not None:
+            self._commit_wake.set()
+
+    # --- the loop ------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Heartbeat / rebalance rounds until ``shutdown``."""
+        self._task = asyncio.current_task()
+        self._wake = asyncio.Event()
+        self._commit_wake = asyncio.Event()
+        self._pool = AsyncConnectionPool(connect_timeout=self._timeout, on_request=self._serve)
+        self._ns = AsyncRocketMQNameServer(self._namesrv, timeout=self._timeout)
+        committer = asyncio.create_task(self._commit_loop())
+        try:
+            while not self._stopping:
+                try:
+                    await self._round()
+                    self.error = None
+                except QClientError as exc:
+                    self.error = exc
+                    log.warning("consumer %s: group round failed: %s", self.client_id, exc)
+                except Exception:  # a bug: keep the member alive, say so
+                    log.exception("consumer %s: group round failed", self.client_id)
+                wait = self._interval
+                claim = self._handover.next_claim()
+                if claim is not None:
+                    wait = min(wait, max(0.0, claim - time.monotonic()))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), wait)
+                self._wake.clear()
+        finally:
+            committer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await committer
+
+    def _serve(self, conn: AsyncConnection, cmd: RemotingCommand) -> RemotingCommand | None:
+        """Requests from a broker: a change of the group's members rebalances at once."""
+        if cmd.code == RequestCode.NOTIFY_CONSUMER_IDS_CHANGED:
+            if self._wake is not None:
+                self._wake.set()
+            return None
+        return response_to(
+            cmd, ResponseCode.REQUEST_CODE_NOT_SUPPORTED, f"request code {cmd.code} not supported"
+        )
+
+    async def _call(
+        self, addr: str, cmd: RemotingCommand, timeout: float | None = None
+    ) -> RemotingCommand:
+        assert self._pool is not None
+        conn = await self._pool.get(addr)
+        return await conn.call(cmd, self._timeout if timeout is None else timeout)
+
+    async def _refresh_route(self) -> None:
+        assert self._ns is not None
+        try:
+            route = await self._ns.get_route(self.topic)
+        except QClientError:
+            if self.routed:  # keep the brokers we know
+                log.warning(
+                    "consumer %s: route of %s failed, keeping the last", self.client_id, self.topic
+                )
+                return
+            raise
+        self._route_at = time.monotonic()
+        self.routed = True
+        if route.auto_create:  # the topic does not exist yet: nothing to read
+            self._masters, self._queues = {}, []
+            return
+        self._masters, self._queues = readable_queues(route)
+        self._addrs.update(self._masters)
+
+    async def _round(self) -> None:
+        """Heartbeat every master, read the members, let go and take queues, commit."""
+        if time.monotonic() - self._route_at >= ROUTE_TTL:
+            await self._refresh_route()
+        masters = dict(self._masters)
+        answers = await asyncio.gather(
+            *(
+                self._call(
+                    addr,
+                    heartbeat_request(self.client_id, self.group, self.topic, self._sub_version),
+                )
+                for addr in masters.values()
+            ),
+            return_exceptions=True,
+        )
+        for name, a in zip(masters, answers, strict=True):
+            if not isinstance(a, RemotingCommand) or a.code != ResponseCode.SUCCESS:
+                log.debug("consumer %s: heartbeat to %s failed: %r", self.client_id, name, a)
+                self._route_at = -1e9  # look the route up again next round
+        members = await self._read_members(masters) if masters else []
+        if members is None:
+            return  # no broker answered: keep what is held until one does
+        self.members = members
+        with self._cond:
+            held = set(self._state.assignment())
+        lose, take = self._handover.plan(members, self._queues, held, time.monotonic())
+        if lose:
+            await asyncio.gather(*(self._let_go(k) for k in lose))
+        if take:
+            await asyncio.gather(*(self._take(k) for k in take))
+        await self.commit_all()
+
+    async def _read_members(self, masters: dict[str, str]) -> list[str] | None:
+        """The group's members from the first master (by name) that answers: every member
+        asks the same broker first, so all see the same list when the brokers agree."""
+        for name in sorted(masters):
+            try:
+                answer = await self._call(masters[name], consumer_list_request(self.group))
+            except RemotingError as exc:
+                log.debug("consumer %s: member list from %s failed: %s", self.client_id, name, exc)
+                continue
+            members = parse_consumer_list(answer)
+            if members is not None:
+                return members
+            log.debug("consumer %s: member list from %s: %s", self.client_id, name, answer.remark)
+        return None
+
+    async def _let_go(self, key: Key) -> None:
+        """Stop reading ``key``, give the application a moment to acknowledge what it
+        returned of it (the next ``poll`` does), commit, forget it."""
+        with self._cond:
+            self._state.stop(key)
+        task = self._pulls.pop(key, None)
+        if task is not None:
+            task.cancel()
+        deadline = time.monotonic() + self._ack_wait
+        while time.monotonic() < deadline:
+            with self._cond:
+                if not self._state.unacked(key):
+                    break
+            await asyncio.sleep(0.02)
+        with self._cond:
+            offset = self._state.drop(key)
+        if offset is not None:
+            await self._commit(key[0], {key: offset})
+        log.debug("consumer %s: let go of %s (committed %s)", self.client_id, key, offset)
+
+    async def _take(self, key: Key) -> None:
+        """Start reading ``key`` from the group's committed offset, else its first."""
+        broker, qid = key
+        addr = self._masters.get(broker)
+        if addr is None:
+            return
+        try:
+            answer = await self._call(
+                addr, query_offset_request(self.group, self.topic, qid, broker)
+            )
+            offset = read_offset(answer)
+            if offset is None:
+                answer = await self._call(addr, min_offset_request(self.topic, qid, broker))
+                offset = read_offset(answer) or 0
+        except (RemotingError, ValueError) as exc:
+            # not taken: the next round claims it again
+            log.warning("consumer %s: offset of %s unknown: %s", self.client_id, key, exc)
+            return
+        with self._cond:
+            gen = self._state.take(key, offset)
+        self._pulls[key] = asyncio.create_task(self._pull_loop(key, gen))
+        log.debug("consumer %s: took %s at offset %d", self.client_id, key, offset)
+
+    # --- fetching ------------------------------------------------------------------------
+
+    async def _pull_loop(self, key: Key, gen: int) -> None:
+        """Keep one long-polling pull of ``key`` in flight while this ownership lasts."""
+        broker, qid = key
+        state, cond = self._state, self._cond
+        failures = 0
+        while not self._stopping:
+            with cond:
+                if not state.owns(key, gen):
+                    return
+                full = state.held(key) >= MAX_HELD_PER_QUEUE or state.total_held >= MAX_HELD
+                offset = state.position(key)
+            addr = self._masters.get(broker)
+            if full or addr is None:
+                await asyncio.sleep(_FLOW_WAIT if full else self._interval)
+                continue
+            cmd = pull_request(
+                group=self.group,
+                topic=self.topic,
+                queue_id=qid,
+                offset=offset,
+                max_messages=PULL_BATCH,
+                suspend_ms=SUSPEND_MS,
+                sub_version=self._sub_version,
+                broker_name=broker,
+            )
+            try:
+                answer = await self._call(addr, cmd, SUSPEND_MS / 1000 + self._timeout)
+                result = parse_pull(answer, qid, offset)
+            except (RemotingError, MessageDecodeError) as exc:
+                failures += 1
+                if isinstance(exc, RemotingConnectionError):
+                    self._route_at = -1e9
+                log.debug("consumer %s: pull of %s failed: %s", self.client_id, key, exc)
+                await asyncio.sleep(min(1.0, 0.05 * 2**failures))
+                continue
+            failures = 0
+            now = _now_ms()
+            with cond:
+                if result.status is PullStatus.FOUND:
+                    ok = state.accept(key, gen, result.messages, result.next_offset, now)
+                    if ok:
+                        cond.notify_all()
+                elif result.status is PullStatus.ERROR:
+                    ok = state.owns(key, gen)
+                else:
+                    ok = state.advance(key, gen, result.next_offset)
+            if not ok:
+                return
+            if result.status is PullStatus.ERROR:
+                log.warning(
+                    "consumer %s: pull of %s refused: %s %s",
+                    self.client_id,
+                    key,
+                    code_name(result.code),
+                    result.remark,
+                )
+                await asyncio.sleep(self._interval)
+
+    # --- commits -------------------------------------------------------------------------
+
+    async def _commit_loop(self) -> None:
+        assert self._commit_wake is not None
+        while True:
+            await self._commit_wake.wait()
+            self._commit_wake.clear()
+            for err in await self.commit_all():
+                log.debug("consumer %s: commit failed: %s", self.client_id, err)
+
+    async def commit_all(self) -> list[QClientError]:
+        """Commit every acknowledged offset the brokers have not confirmed; the errors."""
+        with self._cond:
+            brokers = {k[0] for k in self._state.pending_commits()}
+        results = await asyncio.gather(*(self._commit(b) for b in sorted(brokers)))
+        return [e for errs in results for e in errs]
+
+    async def _commit(
+        self, broker: str, offsets: dict[Key, int] | None = None
+    ) -> list[QClientError]:
+        """UPDATE_CONSUMER_OFFSET for ``offsets`` (default: the broker's pending ones).
+
+        One commit at a time per broker, each reading the offsets when its turn comes: the
+        broker runs requests on a thread pool, so two in flight could land out of order
+        and move the group's offset back."""
+        lock = self._commit_locks.setdefault(broker, asyncio.Lock())
+        async with lock:
+            if offsets is None:
+                with self._cond:
+                    offsets = self._state.pending_commits(broker)
+            addr = self._masters.get(broker) or self._addrs.get(broker)
+            if not offsets:
+                return []
+            if addr is None:
+                return [
+                    BrokerUnavailableError(f"broker {broker} has no address", broker_name=broker)
+                ]
+            items = sorted(offsets.items())
+            cmds = [
+                update_offset_request(self.group, self.topic, q, off, b) for (b, q), off in items
+            ]
+            try:
+                assert self._pool is not None
+                conn = await self._pool.get(addr)
+                answers = await conn.call_many(cmds, self._timeout)
+            except RemotingError as exc:
+                return [
+                    BrokerUnavailableError(
+                        f"broker {broker}: commit failed: {exc}", broker_name=broker
+                    )
+                ]
+            errors: list[QClientError] = []
+            for (key, off), a in zip(items, answers, strict=True):
+                if isinstance(a, RemotingCommand) and a.code == ResponseCode.SUCCESS:
+                    with self._cond:
+                        self._state.committed_ok(key, off)
+                elif isinstance(a, RemotingCommand):
+                    name = code_name(a.code)
+                    errors.append(
+                        BrokerResponseError(
+                            f"broker {broker}: commit of queue {key[1]}: {name} {a.remark}",
+                            code=name,
+                            broker_name=broker,
+                        )
+                    )
+                else:
+                    errors.append(
+                        BrokerUnavailableError(f"broker {broker}: {a}", broker_name=broker)
+                    )
+            return errors
+
+    # --- leaving -------------------------------------------------------------------------
+
+    async def shutdown(self) -> list[QClientError]:
+        """Stop fetching, commit what was acknowledged, leave the group on every broker
+        (the others rebalance at once), close the connections; the commit errors."""
+        self._stopping = True
+        tasks = [t for t in (self._task, *self._pulls.values()) if t is not None]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._pulls.clear()
+        errors: list[QClientError] = []
+        try:
+            if self._pool is not None:
+                errors = await self.commit_all()
+                leave = unregister_request
+                await asyncio.gather(
+                    *(
+                        self._call(a, leave(self.client_id, self.group))
+                        for a in self._masters.values()
+                    ),
+                    return_exceptions=True,
+                )
+        finally:
+            if self._pool is not None:
+                await self._pool.close()
+            if self._ns is not None:
+                await self._ns.aclose()
+        return errors

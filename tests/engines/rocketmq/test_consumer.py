@@ -1,0 +1,395 @@
+"""``RocketMQConsumer`` against a real Apache RocketMQ 5.5.0 cluster on 127.0.0.1 (one
+NameServer, broker-a and broker-b, timer precision 100 ms): members of a group share the
+topic's 8 queues (2 brokers x 4), each message once; a killed member's queues move to the
+others and nothing is lost; a closed member's at once; two groups each get every message;
+delayed messages never come before their time; what ``Producer`` sent comes back whole;
+RocketMQ's own Java consumer shares a group with ours.
+
+Members that are killed run as child processes (``_consumer_member.py``), so that the
+broker sees their connections close as it would for a crashed service.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from qclient import Message, Producer
+from qclient.consumer import allocate_averagely
+from qclient.engines.rocketmq.consumer import RocketMQConsumer
+
+from ._consumer_cluster import RmqCluster, java_available
+
+_WHY = java_available()
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.xdist_group("rocketmq_consumer"),
+    pytest.mark.skipif(_WHY is not None, reason=str(_WHY)),
+]
+
+_MEMBER = Path(__file__).with_name("_consumer_member.py")
+_ROOT = Path(__file__).resolve().parents[3]
+QUEUES = 4  # per broker: 8 in all
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RmqCluster]:
+    with RmqCluster(tmp_path_factory.mktemp("rmq-consumer")) as c:
+        yield c
+
+
+def _name(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+def _topic(cluster: RmqCluster, prefix: str = "tc") -> str:
+    topic = _name(prefix)
+    cluster.create_topic(topic, QUEUES)
+    return topic
+
+
+def _wait(cond: Callable[[], bool], timeout: float, what: str) -> float:
+    """Poll ``cond`` every 20 ms until true; the seconds it took. Fails after ``timeout``."""
+    start = time.monotonic()
+    while not cond():
+        if time.monotonic() - start > timeout:
+            pytest.fail(f"not within {timeout} s: {what}")
+        time.sleep(0.02)
+    return time.monotonic() - start
+
+
+def _send(cluster: RmqCluster, topic: str, n: int, prefix: str = "m") -> list[str]:
+    """``n`` immediate messages through qclient's Producer, in batches of 25 (a batch
+    goes to one queue: many batches spread over all 8); their ids."""
+    ids: list[str] = []
+    with Producer(cluster.namesrv) as p:
+        for lo in range(0, n, 25):
+            batch = [Message(topic, f"{prefix}-{i}") for i in range(lo, min(n, lo + 25))]
+            ids += [r.msg_id for r in p.send_batch(batch)]
+    assert len(set(ids)) == n
+    return ids
+
+
+ALL_QUEUES = sorted((f"broker-{b}", q) for b in "ab" for q in range(QUEUES))
+
+
+# --- members in child processes ----------------------------------------------------------
+
+
+class Member:
+    """A ``_consumer_member.py`` child: what it printed, read by a thread."""
+
+    def __init__(self, cluster: RmqCluster, topic: str, group: str, log: Path) -> None:
+        self._err = open(log, "w")  # noqa: SIM115 (closed in stop)
+        self.proc = subprocess.Popen(
+            [sys.executable, str(_MEMBER), cluster.namesrv_addr, topic, group],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._err,
+            cwd=_ROOT,
+            text=True,
+        )
+        self.client_id = ""
+        self.assignment: list[tuple[str, int]] = []
+        self.got: list[str] = []
+        self.stats: dict[str, int] | None = None
+        self._lock = threading.Lock()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            ev: dict[str, Any] = json.loads(line)
+            with self._lock:
+                if "started" in ev:
+                    self.client_id = ev["started"]
+                if "assignment" in ev:
+                    self.assignment = [tuple(k) for k in ev["assignment"]]  # type: ignore[misc]
+                if "got" in ev:
+                    self.got += [g[0] for g in ev["got"]]
+                if "closed" in ev:
+                    self.stats = ev["stats"]
+
+    def held(self) -> list[tuple[str, int]]:
+        with self._lock:
+            return list(self.assignment)
+
+    def received(self) -> list[str]:
+        with self._lock:
+            return list(self.got)
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Ask it to close its consumer and exit; wait for that."""
+        assert self.proc.stdin is not None
+        with contextlib.suppress(BrokenPipeError):
+            self.proc.stdin.write("close\n")
+            self.proc.stdin.flush()
+        self.proc.wait(timeout)
+        self._reader.join(5)
+
+    def kill(self) -> None:
+        os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+        self._reader.join(5)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)
+        self._err.close()
+
+
+@pytest.fixture
+def spawn(tmp_path: Path) -> Iterator[Callable[[RmqCluster, str, str], Member]]:
+    """Start member processes; every one is stopped after the test."""
+    members: list[Member] = []
+
+    def start(cluster: RmqCluster, topic: str, group: str) -> Member:
+        m = Member(cluster, topic, group, tmp_path / f"member-{len(members)}.log")
+        members.append(m)
+        return m
+
+    try:
+        yield start
+    finally:
+        for m in members:
+            m.stop()
+
+
+def _converged(members: list[Member], queues: list[tuple[str, int]] = ALL_QUEUES) -> bool:
+    """Every member reads its own share and together they read every queue."""
+    held = [m.held() for m in members]
+    flat = [k for h in held for k in h]
+    return all(held) and len(flat) == len(set(flat)) and sorted(flat) == queues
+
+
+# --- tests -------------------------------------------------------------------------------
+
+
+def test_three_members_share_8_queues_exactly_once(cluster: RmqCluster, spawn: Any) -> None:
+    topic, group = _topic(cluster), _name("g")
+    members = [spawn(cluster, topic, group) for _ in range(3)]
+    _wait(lambda: _converged(members), 60, "3 members share the 8 queues")
+    ids = sorted(m.client_id for m in members)
+    for m in members:  # RocketMQ's AllocateMessageQueueAveragely over sorted ids
+        assert m.held() == allocate_averagely(ALL_QUEUES, ids, m.client_id)
+
+    sent = _send(cluster, topic, 3000)
+    _wait(lambda: sum(len(m.received()) for m in members) >= len(sent), 60, "3,000 messages read")
+    for m in members:
+        m.close()
+    got = Counter(i for m in members for i in m.received())
+    assert set(got) == set(sent), f"lost {len(set(sent) - set(got))}"
+    assert max(got.values()) == 1, f"{sum(v > 1 for v in got.values())} read twice"
+    assert all(m.received() for m in members)
+
+
+def test_killed_member_queues_move_nothing_lost(cluster: RmqCluster, spawn: Any) -> None:
+    topic, group = _topic(cluster), _name("g")
+    members = [spawn(cluster, topic, group) for _ in range(3)]
+    _wait(lambda: _converged(members), 60, "3 members share the 8 queues")
+    first = _send(cluster, topic, 1500, "before")
+    victim, survivors = members[0], members[1:]
+    _wait(lambda: len(victim.received()) >= 100, 30, "the victim read some")
+    victim.kill()
+    moved = _wait(lambda: _converged(survivors), 30, "the victim's queues move to the others")
+    print(f"\nrebalance after SIGKILL: {moved:.2f} s")
+    assert moved < 5.0
+    second = _send(cluster, topic, 1500, "after")
+    want = set(first) | set(second)
+    _wait(lambda: want <= {i for m in members for i in m.received()}, 60, "every message read")
+    for m in survivors:
+        m.close()
+    got = Counter(i for m in members for i in m.received())
+    dups = sum(v - 1 for v in got.values())
+    print(f"read twice after the kill (returned, not yet committed): {dups}")
+    assert set(got) == want
+
+
+def test_close_rebalances_at_once_without_duplicates(cluster: RmqCluster, spawn: Any) -> None:
+    topic, group = _topic(cluster), _name("g")
+    members = [spawn(cluster, topic, group) for _ in range(2)]
+    _wait(lambda: _converged(members), 60, "2 members share the 8 queues")
+    sent = _send(cluster, topic, 1000)
+    leaver, stayer = members
+    _wait(lambda: len(leaver.received()) >= 50, 30, "the leaver read some")
+    start = time.monotonic()
+    leaver.close()
+    closed = time.monotonic() - start
+    moved = _wait(lambda: stayer.held() == ALL_QUEUES, 10, "the stayer reads every queue")
+    print(f"\nclose() took {closed:.2f} s; the stayer held every queue {moved:.2f} s later")
+    assert moved < 2.0
+    _wait(lambda: set(sent) <= set(leaver.received()) | set(stayer.received()), 60, "all read")
+    stayer.close()
+    got = Counter(leaver.received() + stayer.received())
+    assert set(got) == set(sent)
+    assert max(got.values()) == 1, "a closed member commits what it returned"
+    assert leaver.stats is not None and leaver.stats["duplicates_dropped"] == 0
+
+
+def test_member_joining_mid_stream_takes_its_share(cluster: RmqCluster, spawn: Any) -> None:
+    topic, group = _topic(cluster), _name("g")
+    first = spawn(cluster, topic, group)
+    _wait(lambda: first.held() == ALL_QUEUES, 60, "the first member reads every queue")
+    sent: list[str] = []
+    errors: list[BaseException] = []
+
+    def send() -> None:  # 2,000 messages over ~4 s
+        try:
+            with Producer(cluster.namesrv) as p:
+                for lo in range(0, 2000, 25):
+                    batch = [Message(topic, f"j-{i}") for i in range(lo, lo + 25)]
+                    sent.extend(r.msg_id for r in p.send_batch(batch))
+                    time.sleep(0.05)
+        except BaseException as exc:
+            errors.append(exc)
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    try:
+        _wait(lambda: len(first.received()) >= 300, 30, "the first member read some")
+        joiner = spawn(cluster, topic, group)
+        took = _wait(lambda: _converged([first, joiner]), 30, "the joiner takes its share")
+    finally:
+        sender.join(60)
+    assert not errors, errors
+    print(f"\njoin: shares settled {took:.2f} s after the joiner started")
+    _wait(lambda: set(sent) <= set(first.received()) | set(joiner.received()), 60, "all read")
+    first.close()
+    joiner.close()
+    got = Counter(first.received() + joiner.received())
+    assert set(got) == set(sent) and joiner.received()
+    print(f"read twice on the join: {sum(v - 1 for v in got.values())}")
+
+
+def _drain(c: RocketMQConsumer, want: set[str], timeout: float) -> list[Any]:
+    """Poll until every id in ``want`` came; (message, local epoch ms at return) pairs."""
+    out: list[Any] = []
+    seen: set[str] = set()
+    deadline = time.monotonic() + timeout
+    while not want <= seen:
+        assert time.monotonic() < deadline, f"{len(want - seen)} of {len(want)} not read"
+        for m in c.poll(64, 0.5):
+            out.append((m, time.time_ns() // 1_000_000))
+            seen.add(m.msg_id)
+    return out
+
+
+def test_two_groups_each_get_every_message(cluster: RmqCluster) -> None:
+    topic = _topic(cluster)
+    with (
+        RocketMQConsumer((cluster.namesrv_addr,), topic, _name("g1")) as c1,
+        RocketMQConsumer((cluster.namesrv_addr,), topic, _name("g2")) as c2,
+    ):
+        sent = set(_send(cluster, topic, 400))
+        for c in (c1, c2):
+            got = [m.msg_id for m, _ in _drain(c, sent, 60)]
+            assert sorted(got) == sorted(sent)
+
+
+def _send_delayed_while_polling(
+    cluster: RmqCluster, c: RocketMQConsumer, topic: str, delays: list[float], gap: float
+) -> tuple[dict[str, int], list[Any]]:
+    """Send one message per delay (``gap`` s apart) on a thread while ``c`` polls, so each
+    is returned when it comes due; (id -> deliver ms, (message, local ms at return))."""
+    deliver: dict[str, int] = {}
+    errors: list[BaseException] = []
+
+    def send() -> None:
+        try:
+            with Producer(cluster.namesrv) as p:
+                for i, d in enumerate(delays):
+                    r = p.send_delayed(topic, f"d-{i}", delay=d)
+                    deliver[r.msg_id] = r.deliver_at_ms
+                    time.sleep(gap)
+        except BaseException as exc:
+            errors.append(exc)
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    got: list[Any] = []
+    deadline = time.monotonic() + 60
+    try:
+        while sender.is_alive() or len({m.msg_id for m, _ in got} & set(deliver)) < len(deliver):
+            assert time.monotonic() < deadline, "delayed messages not read within 60 s"
+            for m in c.poll(64, 0.2):
+                got.append((m, time.time_ns() // 1_000_000))
+    finally:
+        sender.join(60)
+    assert not errors, errors
+    return deliver, [(m, at) for m, at in got if m.msg_id in deliver]
+
+
+def test_delayed_messages_never_early(cluster: RmqCluster) -> None:
+    topic = _topic(cluster)
+    with RocketMQConsumer((cluster.namesrv_addr,), topic, _name("g")) as c:
+        delays = [1.0 + 2.0 * (i % 40) / 40 for i in range(120)]
+        deliver, got = _send_delayed_while_polling(cluster, c, topic, delays, 0.01)
+        stats = c.stats()
+    assert sorted(m.msg_id for m, _ in got) == sorted(deliver)
+    for m, at in got:
+        assert m.deliver_at_ms == deliver[m.msg_id]
+        assert at >= m.deliver_at_ms, f"{m.msg_id} returned {m.deliver_at_ms - at} ms early"
+    fired = [m.fired_at_ms - m.deliver_at_ms for m, _ in got]
+    print(
+        f"\nbroker fire time - deliver time: min {min(fired)} ms; "
+        f"pulled before their time: {stats['early']} of {len(got)}, "
+        f"by up to {stats['max_early_ms']} ms"
+    )
+
+
+def _pct(values: list[int], q: float) -> int:
+    v = sorted(values)
+    return v[min(len(v) - 1, int(len(v) * q))]
+
+
+def test_lateness_of_1s_delays(cluster: RmqCluster) -> None:
+    """Receive lateness (local return time - deliver time) of 1 s delays, reported with
+    its parts: the broker's fire lateness and fire -> return."""
+    topic = _topic(cluster)
+    with RocketMQConsumer((cluster.namesrv_addr,), topic, _name("g")) as c:
+        deliver, got = _send_delayed_while_polling(cluster, c, topic, [1.0] * 300, 0.005)
+    assert len(got) == len(deliver) == 300
+    late = [at - m.deliver_at_ms for m, at in got]
+    fire = [m.fired_at_ms - m.deliver_at_ms for m, _ in got]
+    hand = [at - m.extra["store_ms"] for m, at in got]
+    assert min(late) >= 0
+    print(
+        f"\n1 s delays x {len(late)}: receive lateness p50 {statistics.median(late):.0f} ms, "
+        f"p99 {_pct(late, 0.99)} ms (broker fire lateness p50 {statistics.median(fire):.0f} / "
+        f"p99 {_pct(fire, 0.99)} ms; stored -> returned p50 {statistics.median(hand):.0f} / "
+        f"p99 {_pct(hand, 0.99)} ms)"
+    )
+
+
+def test_producer_message_comes_back_whole(cluster: RmqCluster) -> None:
+    topic = _topic(cluster)
+    props = {"color": "red", "n": "1", "unicode": "élan ✓"}
+    body = bytes(range(256)) * 4
+    with Producer(cluster.namesrv) as p:
+        sent = p.send(topic, body, key="order-7", tags="tagA", properties=props)
+    with RocketMQConsumer((cluster.namesrv_addr,), topic, _name("g")) as c:
+        [(m, _)] = _drain(c, {sent.msg_id}, 30)
+        assert (m.msg_id, m.topic, m.body) == (sent.msg_id, topic, body)
+        assert (m.key, m.tags, m.properties) == ("order-7", "tagA", props)
+        assert (m.broker_name, m.queue_id) == (sent.broker_name, sent.queue_id)
+        assert m.deliver_at_ms == m.fired_at_ms and m.extra["attempt"] == 1
+        _wait(lambda: c.assignment() == ALL_QUEUES, 10, "one member reads every queue")
+        assert c.members() == [c.client_id]
+        c.commit()
+        assert c.committed()[(m.broker_name, m.queue_id)] == m.offset + 1
