@@ -213,9 +213,9 @@ class ReceivedMessage:
     """A delivered message, as a consumer sees it (times in epoch ms).
 
     ``deliver_at_ms`` is the time it was scheduled for: the consumer returns it at that
-    time by the broker's clock, never before. ``fired_at_ms`` is when the broker fired it
-    into its consume log, which is up to ``fire_ahead_ms`` (40 ms) *earlier*: brokers fire
-    ahead and the consumer holds the message until ``deliver_at_ms``. So ``fired_at_ms <
+    time, never before. ``fired_at_ms`` is when the broker fired it into its consume log:
+    a qclient broker fires up to ``fire_ahead_ms`` (40 ms) *earlier* and the consumer
+    holds the message until ``deliver_at_ms`` by the broker's clock. So ``fired_at_ms <
     deliver_at_ms`` is normal and does not mean it was delivered early; how late the
     application got it is its receipt time minus ``deliver_at_ms``.
     """
@@ -285,10 +285,10 @@ class MessageState(enum.StrEnum):
 class MessageInfo:
     """What a lookup found: the message's state, broker and times (epoch ms).
 
-    ``fired_at_ms`` is None unless the message fired. A broker fires a message up to
-    ``fire_ahead_ms`` (40 ms) before ``deliver_at_ms`` and consumers hold it until then, so
-    the state can be FIRED, with ``fired_at_ms`` before ``deliver_at_ms``, while no
-    consumer has returned it yet; a cancel or reschedule must arrive before the firing.
+    ``fired_at_ms`` is None unless the message fired. A qclient broker fires a message
+    up to ``fire_ahead_ms`` (40 ms) before ``deliver_at_ms`` and consumers hold it until
+    then, so the state can be FIRED, with ``fired_at_ms`` before ``deliver_at_ms``, while
+    no consumer has returned it yet; a cancel or reschedule must arrive before the firing.
     ``copies`` counts the brokers that hold the id (more than one only after a retry whose
     first attempt was stored too).
     """
