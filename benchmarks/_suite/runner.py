@@ -38,7 +38,7 @@ class Scenario:
     args: tuple[str, ...] = ()
     #: extra arguments for the smoke run
     smoke_args: tuple[str, ...] = ()
-    #: False for a one-off decision experiment (its result is in docs/DECISIONS.md): the
+    #: False for a one-off decision experiment (its result is a record in docs/decisions/): the
     #: suite still runs it, ``make test`` does not smoke-run it
     smoke: bool = True
 

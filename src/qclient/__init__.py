@@ -33,6 +33,7 @@ from .errors import (
     QClientError,
     RouteNotFoundError,
     SendTimeoutError,
+    UnsupportedByEngineError,
 )
 
 if TYPE_CHECKING:
@@ -76,6 +77,7 @@ __all__ = [
     "SendResult",
     "SendStatus",
     "SendTimeoutError",
+    "UnsupportedByEngineError",
     "__version__",
     "delay_level",
 ]

@@ -20,7 +20,7 @@ log = logging.getLogger("qclient.cli")
 
 
 def _run_server(coro: Any) -> None:
-    """Run a server coroutine on uvloop when it is installed (measured: docs/DECISIONS.md)."""
+    """Run a server coroutine on uvloop when it is installed (measured: docs/decisions/0001-http-stack-aiohttp-uvloop.md)."""
     try:
         import uvloop
     except ImportError:

@@ -406,7 +406,7 @@ def _tune_gc() -> None:
 async def run(config: BrokerConfig) -> None:
     # Short GIL slices: the event loop fires and answers pulls, and each of its syscalls
     # lets the store's threads (syncer, loader, committer) take the GIL; it waits up to
-    # one interval to get it back (measured: docs/DECISIONS.md, received lateness).
+    # one interval to get it back (measured: docs/decisions/0016-firing-on-the-event-loop.md).
     sys.setswitchinterval(0.0002)
     app, broker = create_app(config)
     await broker.start()

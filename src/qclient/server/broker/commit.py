@@ -31,7 +31,7 @@ from ..store.record import WireFields
 __all__ = ["INLINE_MAX_MESSAGES", "LoopCommitter", "Outcome"]
 
 #: a lone request of at most this many messages commits on the loop thread (see the
-#: module doc; measured in docs/DECISIONS.md)
+#: module doc; measured in docs/decisions/0006-broker-group-commit-on-the-loop.md)
 INLINE_MAX_MESSAGES = 64
 
 _Done = Future[list[StoreResult]]
