@@ -16,9 +16,12 @@ import subprocess
 import time
 from pathlib import Path
 
-from qclient.engines.rocketmq.admin import create_topic
-from qclient.engines.rocketmq.connection import ConnectionPool
+from qclient.engines.rocketmq.admin import cluster_info
+from qclient.engines.rocketmq.codes import RequestCode
+from qclient.engines.rocketmq.connection import ConnectionPool, RemotingError
 from qclient.engines.rocketmq.nameserver import RocketMQNameServer
+from qclient.engines.rocketmq.remoting import request
+from qclient.errors import QClientError
 
 __all__ = ["LIB", "RmqBroker", "RmqCluster", "java_available"]
 
@@ -192,18 +195,46 @@ class RmqCluster:
         self._pool = ConnectionPool(connect_timeout=3.0)
 
     def start(self) -> RmqCluster:
+        """Start the JVMs; return once the NameServer knows every broker."""
         try:
             self._ns.start()
             for b in self.brokers:
                 b.start()
+            want = {b.name for b in self.brokers}
+            deadline = time.monotonic() + _BOOT_S
+            while not want <= set(self._masters()):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"brokers {want} not registered within {_BOOT_S} s")
+                time.sleep(0.1)
         except BaseException:
             self.close()
             raise
         return self
 
+    def _masters(self) -> dict[str, str]:
+        try:
+            return cluster_info(self._pool, [self.namesrv_addr]).masters()
+        except (RemotingError, OSError, QClientError):
+            return {}
+
     def create_topic(self, topic: str, queues: int = 4, timeout: float = 30.0) -> None:
-        """Create ``topic`` on every broker; return once the NameServer routes all of them."""
-        create_topic(self._pool, [self.namesrv_addr], topic, queues)
+        """Create ``topic`` on every broker (UPDATE_AND_CREATE_TOPIC); return once the
+        NameServer routes all of them."""
+        fields = {
+            "topic": topic,
+            "defaultTopic": "TBW102",
+            "readQueueNums": str(queues),
+            "writeQueueNums": str(queues),
+            "perm": "6",
+            "topicFilterType": "SINGLE_TAG",
+            "topicSysFlag": "0",
+            "order": "false",
+        }
+        for b in self.brokers:
+            cmd = request(RequestCode.UPDATE_AND_CREATE_TOPIC, dict(fields))
+            answer = self._pool.get(b.addr).call(cmd, 10.0)
+            if answer.code != 0:
+                raise RuntimeError(f"create {topic} on {b.name}: {answer.code} {answer.remark}")
         want = {b.name for b in self.brokers}
         deadline = time.monotonic() + timeout
         with RocketMQNameServer([self.namesrv_addr], pool=self._pool) as ns:

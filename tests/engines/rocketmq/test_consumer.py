@@ -16,6 +16,7 @@ import json
 import os
 import signal
 import statistics
+import struct
 import subprocess
 import sys
 import threading
@@ -27,10 +28,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from benchmarks._rocketmq_java import java_peer_available, run_consume
 
 from qclient import Message, Producer
 from qclient.consumer import allocate_averagely
+from qclient.engines.rocketmq import message as msg
+from qclient.engines.rocketmq.codes import RequestCode
+from qclient.engines.rocketmq.connection import Connection
 from qclient.engines.rocketmq.consumer import RocketMQConsumer
+from qclient.engines.rocketmq.remoting import request
+from qclient.errors import ConsumerClosedError
 
 from ._consumer_cluster import RmqCluster, java_available
 
@@ -393,3 +400,114 @@ def test_producer_message_comes_back_whole(cluster: RmqCluster) -> None:
         assert c.members() == [c.client_id]
         c.commit()
         assert c.committed()[(m.broker_name, m.queue_id)] == m.offset + 1
+
+
+def _send_batch_raw(cluster: RmqCluster, topic: str, props: dict[str, str], body: bytes) -> None:
+    """One message by SEND_BATCH_MESSAGE to broker-a, queue 0, built by hand: the broker's
+    batch path skips the timer hook, so a TIMER_DELIVER_MS in it is stored as is and the
+    message is readable at once -- a broker handing a message over before its time."""
+    pbytes = msg.encode_properties(props).encode()
+    one = struct.pack(">iiiii", 20 + len(body) + 2 + len(pbytes), 0, 0, 0, len(body))
+    one += body + struct.pack(">h", len(pbytes)) + pbytes
+    now = time.time_ns() // 1_000_000
+    header = msg.send_header(
+        group="qclient-test",
+        topic=topic,
+        queue_id=0,
+        sys_flag=0,
+        born_ms=now,
+        flag=0,
+        properties="",
+        batch=True,
+        broker_name="broker-a",
+    )
+    with Connection(cluster.brokers[0].addr) as conn:
+        answer = conn.call(request(RequestCode.SEND_BATCH_MESSAGE, header, one), 10)
+    assert answer.code == 0, answer.remark
+
+
+def test_message_handed_over_early_is_held_until_its_time(cluster: RmqCluster) -> None:
+    topic = _topic(cluster)
+    with RocketMQConsumer((cluster.namesrv_addr,), topic, _name("g")) as c:
+        _wait(lambda: c.assignment() == ALL_QUEUES, 10, "one member reads every queue")
+        uid = uuid.uuid4().hex.upper()
+        deliver = time.time_ns() // 1_000_000 + 1500
+        _send_batch_raw(cluster, topic, {"UNIQ_KEY": uid, "TIMER_DELIVER_MS": str(deliver)}, b"e")
+        [(m, at)] = _drain(c, {uid}, 10)
+        stats = c.stats()
+    assert m.deliver_at_ms == deliver and at >= deliver
+    assert m.extra["store_ms"] < deliver - 500  # readable well before its time
+    assert stats["early"] == 1 and stats["max_early_ms"] > 500
+    print(f"\nstored {deliver - m.extra['store_ms']} ms early, returned {at - deliver} ms late")
+
+
+def test_duplicate_uniq_key_returned_once(cluster: RmqCluster) -> None:
+    topic = _topic(cluster)
+    with Producer(cluster.namesrv) as p:
+        first = p.send(topic, b"once", key="k")
+        again = p.send(topic, b"once", key="k", msg_id=first.msg_id)  # a retry's copy
+    assert again.msg_id == first.msg_id
+    with RocketMQConsumer((cluster.namesrv_addr,), topic, _name("g")) as c:
+        got = [m.msg_id for m, _ in _drain(c, {first.msg_id}, 10)]
+        deadline = time.monotonic() + 10
+        while c.stats()["duplicates_dropped"] < 1:  # dropped when a poll reaches it
+            assert time.monotonic() < deadline, "the copy was not dropped"
+            got += [m.msg_id for m in c.poll(10, 0.2)]
+        assert got == [first.msg_id]
+        assert c.stats()["fetched"] == 2 and c.stats()["returned"] == 1
+
+
+def test_closed_consumer(cluster: RmqCluster) -> None:
+    topic = _topic(cluster)
+    with RocketMQConsumer((cluster.namesrv_addr,), topic, _name("g")) as c:
+        assert repr(c).startswith("RocketMQConsumer(") and not c.closed
+    assert c.closed
+    c.close()  # idempotent
+    with pytest.raises(ConsumerClosedError):
+        c.poll()
+    assert list(c) == []
+
+
+@pytest.mark.skipif(java_peer_available() is not None, reason=str(java_peer_available()))
+def test_java_consumer_shares_the_group(cluster: RmqCluster) -> None:
+    """RocketMQ's own DefaultLitePullConsumer and ours in one group: the queues split
+    between them, each message read by one."""
+    topic, group = _topic(cluster), _name("g")
+    java: list[dict[str, Any]] = []
+    errors: list[BaseException] = []
+
+    def run_java() -> None:
+        try:
+            java.extend(run_consume(cluster.namesrv_addr, topic, group, 10**6, timeout_s=40))
+        except BaseException as exc:
+            errors.append(exc)
+
+    with RocketMQConsumer((cluster.namesrv_addr,), topic, group) as c:
+        _wait(lambda: c.assignment() == ALL_QUEUES, 10, "ours reads every queue")
+        peer = threading.Thread(target=run_java)
+        peer.start()
+        try:
+            _wait(lambda: len(c.members()) == 2, 30, "the Java consumer joins")
+            share = allocate_averagely(ALL_QUEUES, c.members(), c.client_id)
+            _wait(lambda: c.assignment() == share, 10, "ours gives the Java one its share")
+            sent = set(_send(cluster, topic, 400))
+            ours = [m.msg_id for m, _ in _drain_some(c, sent, 20)]
+        finally:
+            peer.join(80)
+    assert not errors, errors
+    theirs = [m["uniqKey"] for m in java]
+    assert ours and theirs
+    assert sorted(ours + theirs) == sorted(sent), "each message read by one member"
+    assert {(m["brokerName"], m["queueId"]) for m in java}.isdisjoint(share)
+
+
+def _drain_some(c: RocketMQConsumer, ids: set[str], quiet: float) -> list[Any]:
+    """Poll until nothing new came for ``quiet`` s (others read the rest of ``ids``)."""
+    out: list[Any] = []
+    last = time.monotonic()
+    while time.monotonic() - last < quiet:
+        batch = [m for m in c.poll(64, 0.5) if m.msg_id in ids]
+        if batch:
+            out += [(m, time.time_ns() // 1_000_000) for m in batch]
+            last = time.monotonic()
+    return out
