@@ -61,3 +61,24 @@ $(JAVA_PEER_JAR): $(JAVA_PEER_DIR)/pom.xml $(shell find $(JAVA_PEER_DIR)/src -ty
 
 # make setup (and so make test, what CI runs) builds the peer too: tests/engines/rocketmq runs it.
 setup: java-peer
+
+## rocketmq-jars: the Apache RocketMQ jars RocketMQCluster runs (tools/rocketmq/pom.xml,
+## copied by Maven into tools/rocketmq/lib), fetched again only when the pom changes (the
+## stamp names its checksum); an unchanged set leaves the jars alone, so running JVMs keep
+## theirs. Without mvn or java: a one-line notice, the embedded engine needs neither.
+RMQ_DIR   := tools/rocketmq
+RMQ_STAMP := .pom-$(shell cksum < $(RMQ_DIR)/pom.xml | cut -d' ' -f1)
+.PHONY: rocketmq-jars
+rocketmq-jars: $(RMQ_DIR)/lib/$(RMQ_STAMP)
+
+$(RMQ_DIR)/lib/$(RMQ_STAMP):
+	@if command -v mvn >/dev/null && command -v java >/dev/null; then \
+	  cd $(RMQ_DIR) && rm -rf lib/.fetch \
+	  && { mvn -q -B -o dependency:copy-dependencies -DoutputDirectory=lib/.fetch >/dev/null 2>&1 \
+	       || mvn -q -B dependency:copy-dependencies -DoutputDirectory=lib/.fetch; } \
+	  && if ! diff -rq -x '.*' lib/.fetch lib >/dev/null 2>&1; then \
+	       rm -f lib/*.jar && mv lib/.fetch/*.jar lib/; fi \
+	  && rm -rf lib/.fetch && touch lib/$(RMQ_STAMP); \
+	else echo "make: no mvn or java on PATH, skipping the RocketMQ jars (RocketMQCluster needs them)"; fi
+
+setup: rocketmq-jars

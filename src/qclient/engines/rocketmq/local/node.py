@@ -1,0 +1,238 @@
+"""One local RocketMQ JVM (:class:`JvmNode`) and a one-shot blocking remoting call.
+
+Every JVM is forked by one launcher thread that lives as long as the process, with
+``PR_SET_PDEATHSIG`` set (``runtime.die_with_parent``): the kernel SIGKILLs it when this
+Python process dies, however it dies.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from ....cluster import ClusterError
+from ..remoting import FrameDecoder, RemotingCommand, encode
+from .runtime import LOOPBACK, JvmSpec, die_with_parent, jvm_argv, write_logback, write_properties
+
+__all__ = ["JvmNode", "call"]
+
+log = logging.getLogger(__name__)
+
+_BOOT_LINE = b"boot success"
+
+_launcher_lock = threading.Lock()
+_launcher: tuple[int, ThreadPoolExecutor] | None = None
+
+
+def _launch(fn: Callable[[], subprocess.Popen[bytes]]) -> subprocess.Popen[bytes]:
+    """Run ``fn`` (a Popen) on the one launcher thread of this process: PR_SET_PDEATHSIG
+    fires when the thread that forked the child ends, so the JVMs are forked by a thread
+    that lives as long as the process, whichever thread starts a cluster or a node."""
+    global _launcher
+    with _launcher_lock:
+        if _launcher is None or _launcher[0] != os.getpid():  # none yet, or forked since
+            _launcher = (os.getpid(), ThreadPoolExecutor(1, "rocketmq-launcher"))
+        pool = _launcher[1]
+    return pool.submit(fn).result()
+
+
+class JvmNode:
+    """One NameServer or broker JVM, with the interface of ``qclient.cluster.NodeHandle``:
+    ``.name``, ``.role``, ``.addr``, ``.pid``, ``.running``, ``.log_path`` and signals."""
+
+    def __init__(self, name: str, role: str, main: str, home: Path, spec: JvmSpec) -> None:
+        self.name = name
+        self.role = role
+        self.host = LOOPBACK
+        self.port = 0
+        self.home = home
+        self.conf_path = home / f"{name}.conf"
+        self.logback_path = home / "logback.xml"
+        self.log_path = home.parent / f"{name}.log"
+        self.process: subprocess.Popen[bytes] | None = None
+        self.argv: list[str] = []
+        self._main = main
+        self._spec = spec
+        self._log_pos = 0
+        self._booted = False
+        #: more to wait for after the boot line (a broker: its route); set by the cluster
+        self.ready_check: Callable[[], bool] | None = None
+
+    def __repr__(self) -> str:
+        return f"<JvmNode {self.role} {self.name} {self.addr} pid={self.pid}>"
+
+    @property
+    def addr(self) -> str:
+        """``127.0.0.1:port``, the remoting address clients dial (and routes list)."""
+        return f"{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process else None
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def configure(self, java: str, lib: Path, props: Mapping[str, Any]) -> None:
+        """Write the node's properties and logback file and build its command line."""
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.port = int(props["listenPort"])
+        write_properties(self.conf_path, props)
+        write_logback(self.logback_path, self.log_path)
+        self.argv = jvm_argv(
+            java,
+            lib,
+            self._main,
+            conf=self.conf_path,
+            home=self.home,
+            logback=self.logback_path,
+            spec=self._spec,
+        )
+
+    def spawn(self) -> None:
+        """Start the JVM without waiting; ``wait_ready()`` waits."""
+        if self.running:
+            raise ClusterError(f"{self.role} {self.name} is already running")
+        if not self.argv:
+            raise ClusterError(f"{self.role} {self.name} is not configured (start the cluster)")
+        self.log_path.touch()
+        self._log_pos = self.log_path.stat().st_size  # a restart appends: read from here
+        self._booted = False
+        argv, home, log_path = self.argv, self.home, self.log_path
+
+        def popen() -> subprocess.Popen[bytes]:
+            with open(log_path, "ab") as logfile:
+                return subprocess.Popen(
+                    argv,
+                    stdout=logfile,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    cwd=home,
+                    preexec_fn=die_with_parent(),
+                )
+
+        self.process = _launch(popen)
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        """Wait until the node serves: its boot line, its port, then ``ready_check``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            proc = self.process
+            if proc is None:
+                raise ClusterError(f"{self.role} {self.name} was not started")
+            if proc.poll() is not None:
+                raise ClusterError(
+                    f"{self.role} {self.name} exited with code {proc.returncode}; "
+                    f"log {self.log_path}: {self.log_tail()}"
+                )
+            if self._ready():
+                return
+            if time.monotonic() >= deadline:
+                what = "its route" if self._booted else "its boot line"
+                raise ClusterError(
+                    f"{self.role} {self.name} ({self.addr}) not ready after {timeout:.0f} s "
+                    f"(waiting for {what}); log {self.log_path}: {self.log_tail()}"
+                )
+            time.sleep(0.05)
+
+    def _ready(self) -> bool:
+        if not self._booted:
+            with open(self.log_path, "rb") as f:
+                f.seek(self._log_pos)
+                chunk = f.read()
+            # keep a line's worth of overlap: the boot line may be half written
+            last_nl = chunk.rfind(b"\n")
+            if _BOOT_LINE in chunk[: last_nl + 1]:
+                self._booted = True
+            elif last_nl >= 0:
+                self._log_pos += last_nl + 1
+            if not self._booted:
+                return False
+        if not _accepts(self.host, self.port):
+            return False
+        return self.ready_check is None or self.ready_check()
+
+    def start(self, timeout: float = 60.0) -> None:
+        """Start (again) with the same name, ports and data dir; wait until it serves."""
+        self.spawn()
+        self.wait_ready(timeout)
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would."""
+        proc = self.process
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """SIGTERM (RocketMQ's shutdown hooks flush and unregister) and wait; SIGKILL after
+        ``timeout``."""
+        proc = self.process
+        if proc is None or proc.poll() is not None:
+            return
+        try:
+            proc.send_signal(signal.SIGCONT)  # a paused JVM cannot run its shutdown hooks
+            proc.terminate()
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            log.warning("%s %s did not stop in %.0f s; killing it", self.role, self.name, timeout)
+            proc.kill()
+            proc.wait(10)
+        except ProcessLookupError:
+            pass
+
+    def pause(self) -> None:
+        """SIGSTOP: the JVM hangs, its sockets stay open."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)
+
+    def log_tail(self, lines: int = 8) -> str:
+        """The last lines of the node's log, joined by `` | ``."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(max(0, f.seek(0, os.SEEK_END) - 16384))
+                text = f.read().decode(errors="replace").strip().splitlines()
+        except OSError:
+            return "(no log)"
+        return " | ".join(text[-lines:]) or "(empty log)"
+
+
+def _accepts(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
+def call(addr: str, cmd: RemotingCommand, timeout: float = 5.0) -> RemotingCommand:
+    """Send one request on a fresh blocking connection and return its response; OSError
+    (a refused connection, a timeout, a closed stream) when there is none."""
+    host, port = addr.rsplit(":", 1)
+    deadline = time.monotonic() + timeout
+    with socket.create_connection((host, int(port)), timeout=timeout) as sock:
+        sock.sendall(encode(cmd))
+        decoder = FrameDecoder()
+        while True:
+            sock.settimeout(max(0.001, deadline - time.monotonic()))
+            data = sock.recv(65536)
+            if not data:
+                raise ConnectionResetError(f"{addr} closed the connection")
+            for reply in decoder.feed(data):
+                if reply.is_response and reply.opaque == cmd.opaque:
+                    return reply
