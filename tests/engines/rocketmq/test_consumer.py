@@ -12,6 +12,7 @@ broker sees their connections close as it would for a crashed service.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import signal
@@ -466,6 +467,18 @@ def test_closed_consumer(cluster: RmqCluster) -> None:
     with pytest.raises(ConsumerClosedError):
         c.poll()
     assert list(c) == []
+
+
+def test_consumer_dropped_unclosed_leaves_the_group(cluster: RmqCluster) -> None:
+    topic, group = _topic(cluster), _name("g")
+    with RocketMQConsumer((cluster.namesrv_addr,), topic, group) as stays:
+        gone = RocketMQConsumer((cluster.namesrv_addr,), topic, group)
+        _wait(lambda: len(stays.assignment()) == 4, 30, "two members share the queues")
+        del gone
+        gc.collect()
+        left = _wait(lambda: stays.assignment() == ALL_QUEUES, 10, "the other holds all")
+        assert stays.members() == [stays.client_id]
+    print(f"\ngarbage-collected member's queues moved in {left:.2f} s")
 
 
 @pytest.mark.skipif(java_peer_available() is not None, reason=str(java_peer_available()))

@@ -22,6 +22,7 @@ import os
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 from types import TracebackType
@@ -51,6 +52,25 @@ _MAX_SESSION_S = wire.MAX_GROUP_LEASE_MS / 1000
 #: heartbeat / rebalance rounds at least this often (RocketMQ's broker itself forgets a
 #: member 120 s after its last heartbeat, or at once when its connection closes)
 _MAX_INTERVAL_S = 1.0
+
+
+def _run_loop(loop: asyncio.AbstractEventLoop) -> None:
+    """The consumer's thread (it holds no reference to the consumer: see ``_abandon``)."""
+    asyncio.set_event_loop(loop)
+    try:
+        loop.run_forever()
+    finally:
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
+
+
+def _abandon(loop: asyncio.AbstractEventLoop, member: MemberLoop) -> None:
+    """A consumer garbage-collected unclosed: leave the group and stop its thread, in
+    the background (a finalizer must not block)."""
+    if loop.is_closed():
+        return
+    fut = asyncio.run_coroutine_threadsafe(member.shutdown(), loop)
+    fut.add_done_callback(lambda _: loop.call_soon_threadsafe(loop.stop))
 
 
 def _client_id() -> str:
@@ -127,19 +147,17 @@ class RocketMQConsumer:
         )
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
-            target=self._run_loop, name=f"qclient-rocketmq-consumer-{cid}", daemon=True
+            target=_run_loop,
+            args=(self._loop,),
+            name=f"qclient-rocketmq-consumer-{cid}",
+            daemon=True,
         )
         self._thread.start()
         self._main: Future[None] = asyncio.run_coroutine_threadsafe(self._member.run(), self._loop)
-
-    def _run_loop(self) -> None:
-        loop = self._loop
-        asyncio.set_event_loop(loop)
-        try:
-            loop.run_forever()
-        finally:
-            loop.run_until_complete(loop.shutdown_asyncgens())
-            loop.close()
+        # dropped without close(): leave the group all the same, or the brokers would
+        # keep its queues with a member that never reads them
+        self._finalizer = weakref.finalize(self, _abandon, self._loop, self._member)
+        self._finalizer.atexit = False  # at exit the closing sockets say it
 
     def __repr__(self) -> str:
         return (
@@ -229,6 +247,7 @@ class RocketMQConsumer:
             if self.auto_commit:
                 self._state.ack()
             self._cond.notify_all()
+        self._finalizer.detach()
         try:
             errors = self._on_loop(self._member.shutdown(), 3 * self._timeout + 2)
             for err in errors:
