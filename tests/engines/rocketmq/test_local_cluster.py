@@ -8,6 +8,7 @@ leave it, or to kill its parent) start a smaller one.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -205,6 +206,34 @@ def test_jvms_die_with_their_python_parent_even_by_sigkill(tmp_path: Path) -> No
     finally:
         parent.kill()
         parent.wait(10)
+
+
+def test_a_broker_that_exits_at_boot_is_named_with_its_log() -> None:
+    c = RocketMQCluster(brokers=1, broker_options={"brokerRole": "SLAVE"})  # slaves need id > 0
+    try:
+        with pytest.raises(ClusterError, match=r"^broker broker-a exited with code") as err:
+            c.start()
+        assert "brokerId must be > 0" in str(err.value)
+        assert not c.namesrv_node.running
+        # a failed start keeps the temporary data dir for the log its error names
+        assert f"log {c.data_dir / 'broker-a.log'}: " in str(err.value)
+        assert (c.data_dir / "broker-a.log").exists()
+    finally:
+        shutil.rmtree(c.data_dir, ignore_errors=True)
+
+
+def test_a_broker_never_routed_times_out_naming_it_and_its_log(tmp_path: Path) -> None:
+    # it boots, but registers with a NameServer that is not there
+    c = RocketMQCluster(
+        brokers=1,
+        data_dir=tmp_path,
+        broker_options={"namesrvAddr": "127.0.0.1:1"},
+        startup_timeout=15,
+    )
+    with pytest.raises(ClusterError, match=r"^broker broker-a not ready after 15 s") as err:
+        c.start()
+    assert f"log {tmp_path / 'broker-a.log'}: " in str(err.value)
+    assert not any(n.running for n in c.nodes)
 
 
 def test_missing_jars_is_one_line_naming_the_fix(

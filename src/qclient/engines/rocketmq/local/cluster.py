@@ -65,6 +65,9 @@ class RocketMQCluster:
     (controller-mode groups, RIP-44) is not supported yet.
     """
 
+    #: the engine its processes are (``LocalCluster.engine``)
+    engine = "rocketmq"
+
     def __init__(
         self,
         brokers: int = 2,
@@ -136,13 +139,21 @@ class RocketMQCluster:
     # --- lifecycle ------------------------------------------------------------------
 
     def start(self) -> RocketMQCluster:
-        """Start the NameServer, then every broker; wait until each is routed."""
+        """Start the NameServer, then every broker; wait until each is routed.
+
+        On failure every JVM is killed; a temporary data dir is kept when a JVM failed
+        (the ClusterError names its log there), removed otherwise.
+        """
         try:
             self._java, self._lib = find_java(), find_lib()
             self._start_nodes([self.namesrv_node])
             self._start_nodes(self.brokers)
-        except BaseException:
-            self.stop()
+        except BaseException as exc:
+            spawned = any(n.process is not None for n in self.nodes)
+            keep = isinstance(exc, ClusterError) and spawned and self._own_dir
+            self._stop(graceful=False, remove_dir=not keep)
+            if keep:
+                log.warning("RocketMQ cluster failed to start; its logs are in %s", self.data_dir)
             raise
         return self
 
@@ -192,6 +203,9 @@ class RocketMQCluster:
         poll of 1-3 s); otherwise every JVM is killed at once: a temporary store is deleted
         next, so a clean shutdown of it would buy nothing.
         """
+        self._stop(graceful, remove_dir=self._own_dir)
+
+    def _stop(self, graceful: bool | None, remove_dir: bool) -> None:
         if graceful is None:
             graceful = not self._own_dir
         brokers = [n for group in self.replicas.values() for n in group]
@@ -203,7 +217,7 @@ class RocketMQCluster:
                 node.stop()
             else:
                 node.kill()
-        if self._own_dir:
+        if remove_dir and self._own_dir:
             shutil.rmtree(self.data_dir, ignore_errors=True)
 
     close = stop
@@ -243,9 +257,12 @@ class RocketMQCluster:
             b.broker_name: dict(b.addrs) for b in route.broker_datas if b.broker_name in with_queues
         }
 
-    def _routed_check(self, node: JvmNode) -> Callable[[], bool]:
-        def check() -> bool:
-            return self.route(DEFAULT_TOPIC).get(node.name, {}).get(0) == node.addr
+    def _routed_check(self, node: JvmNode) -> Callable[[], str | None]:
+        def check() -> str | None:
+            route = self.route(DEFAULT_TOPIC)
+            if route.get(node.name, {}).get(0) == node.addr:
+                return None
+            return f"{DEFAULT_TOPIC} routed to {node.addr} as id 0 (the NameServer: {route})"
 
         return check
 

@@ -64,8 +64,10 @@ class JvmNode:
         self._spec = spec
         self._log_pos = 0
         self._booted = False
-        #: more to wait for after the boot line (a broker: its route); set by the cluster
-        self.ready_check: Callable[[], bool] | None = None
+        self._accepting = False
+        #: more to wait for once the port accepts (a broker: its route), set by the cluster:
+        #: None when ready, else what is still missing
+        self.ready_check: Callable[[], str | None] | None = None
 
     def __repr__(self) -> str:
         return f"<JvmNode {self.role} {self.name} {self.addr} pid={self.pid}>"
@@ -107,7 +109,7 @@ class JvmNode:
             raise ClusterError(f"{self.role} {self.name} is not configured (start the cluster)")
         self.log_path.touch()
         self._log_pos = self.log_path.stat().st_size  # a restart appends: read from here
-        self._booted = False
+        self._booted = self._accepting = False
         argv, home, log_path = self.argv, self.home, self.log_path
 
         def popen() -> subprocess.Popen[bytes]:
@@ -135,17 +137,19 @@ class JvmNode:
                     f"{self.role} {self.name} exited with code {proc.returncode}; "
                     f"log {self.log_path}: {self.log_tail()}"
                 )
-            if self._ready():
+            missing = self._missing()
+            if missing is None:
                 return
             if time.monotonic() >= deadline:
-                what = "its route" if self._booted else "its boot line"
                 raise ClusterError(
-                    f"{self.role} {self.name} ({self.addr}) not ready after {timeout:.0f} s "
-                    f"(waiting for {what}); log {self.log_path}: {self.log_tail()}"
+                    f"{self.role} {self.name} not ready after {timeout:.0f} s (waiting for "
+                    f"{missing}); log {self.log_path}: {self.log_tail()}"
                 )
             time.sleep(0.05)
 
-    def _ready(self) -> bool:
+    def _missing(self) -> str | None:
+        """What the node does not do yet: log its boot line, accept on its port, pass
+        ``ready_check``; None when ready."""
         if not self._booted:
             with open(self.log_path, "rb") as f:
                 f.seek(self._log_pos)
@@ -157,10 +161,12 @@ class JvmNode:
             elif last_nl >= 0:
                 self._log_pos += last_nl + 1
             if not self._booted:
-                return False
-        if not _accepts(self.host, self.port):
-            return False
-        return self.ready_check is None or self.ready_check()
+                return "its boot line"
+        if not self._accepting:  # once: each probe shows as three lines in the node's log
+            if not _accepts(self.host, self.port):
+                return f"a connection to {self.addr}"
+            self._accepting = True
+        return None if self.ready_check is None else self.ready_check()
 
     def start(self, timeout: float = 60.0) -> None:
         """Start (again) with the same name, ports and data dir; wait until it serves."""
