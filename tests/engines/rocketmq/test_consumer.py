@@ -11,15 +11,9 @@ broker sees their connections close as it would for a crashed service.
 
 from __future__ import annotations
 
-import contextlib
 import gc
-import json
 import os
-import signal
 import statistics
-import struct
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -34,14 +28,22 @@ from benchmarks._rocketmq_java import java_peer_available, run_consume
 from qclient import Message, Producer
 from qclient.cluster import ClusterError
 from qclient.consumer import allocate_averagely
-from qclient.engines.rocketmq import message as msg
-from qclient.engines.rocketmq.codes import RequestCode
-from qclient.engines.rocketmq.connection import Connection
 from qclient.engines.rocketmq.consumer import RocketMQConsumer
 from qclient.engines.rocketmq.local import RocketMQCluster
 from qclient.engines.rocketmq.local.runtime import find_java, find_lib
-from qclient.engines.rocketmq.remoting import request
 from qclient.errors import ConsumerClosedError
+
+from ._consumer_helpers import (
+    Member,
+    drain,
+    drain_some,
+    name,
+    pct,
+    send,
+    send_batch_raw,
+    send_delayed_while_polling,
+    wait_for,
+)
 
 
 def _why_not() -> str | None:
@@ -61,8 +63,6 @@ pytestmark = [
     pytest.mark.skipif(_WHY is not None and not os.environ.get("CI"), reason=str(_WHY)),
 ]
 
-_MEMBER = Path(__file__).with_name("_consumer_member.py")
-_ROOT = Path(__file__).resolve().parents[3]
 QUEUES = 4  # per broker: 8 in all
 
 
@@ -72,106 +72,16 @@ def cluster() -> Iterator[RocketMQCluster]:
         yield c
 
 
-def _name(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:10]}"
-
-
 def _topic(cluster: RocketMQCluster, prefix: str = "tc") -> str:
-    topic = _name(prefix)
+    topic = name(prefix)
     cluster.create_topic(topic, QUEUES)
     return topic
-
-
-def _wait(cond: Callable[[], bool], timeout: float, what: str) -> float:
-    """Poll ``cond`` every 20 ms until true; the seconds it took. Fails after ``timeout``."""
-    start = time.monotonic()
-    while not cond():
-        if time.monotonic() - start > timeout:
-            pytest.fail(f"not within {timeout} s: {what}")
-        time.sleep(0.02)
-    return time.monotonic() - start
-
-
-def _send(cluster: RocketMQCluster, topic: str, n: int, prefix: str = "m") -> list[str]:
-    """``n`` immediate messages through qclient's Producer, in batches of 25 (a batch
-    goes to one queue: many batches spread over all 8); their ids."""
-    ids: list[str] = []
-    with Producer(cluster.namesrv) as p:
-        for lo in range(0, n, 25):
-            batch = [Message(topic, f"{prefix}-{i}") for i in range(lo, min(n, lo + 25))]
-            ids += [r.msg_id for r in p.send_batch(batch)]
-    assert len(set(ids)) == n
-    return ids
 
 
 ALL_QUEUES = sorted((f"broker-{b}", q) for b in "ab" for q in range(QUEUES))
 
 
 # --- members in child processes ----------------------------------------------------------
-
-
-class Member:
-    """A ``_consumer_member.py`` child: what it printed, read by a thread."""
-
-    def __init__(self, cluster: RocketMQCluster, topic: str, group: str, log: Path) -> None:
-        self._err = open(log, "w")  # noqa: SIM115 (closed in stop)
-        self.proc = subprocess.Popen(
-            [sys.executable, str(_MEMBER), cluster.namesrv_addr, topic, group],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._err,
-            cwd=_ROOT,
-            text=True,
-        )
-        self.client_id = ""
-        self.assignment: list[tuple[str, int]] = []
-        self.got: list[str] = []
-        self.stats: dict[str, int] | None = None
-        self._lock = threading.Lock()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            ev: dict[str, Any] = json.loads(line)
-            with self._lock:
-                if "started" in ev:
-                    self.client_id = ev["started"]
-                if "assignment" in ev:
-                    self.assignment = [tuple(k) for k in ev["assignment"]]  # type: ignore[misc]
-                if "got" in ev:
-                    self.got += [g[0] for g in ev["got"]]
-                if "closed" in ev:
-                    self.stats = ev["stats"]
-
-    def held(self) -> list[tuple[str, int]]:
-        with self._lock:
-            return list(self.assignment)
-
-    def received(self) -> list[str]:
-        with self._lock:
-            return list(self.got)
-
-    def close(self, timeout: float = 30.0) -> None:
-        """Ask it to close its consumer and exit; wait for that."""
-        assert self.proc.stdin is not None
-        with contextlib.suppress(BrokenPipeError):
-            self.proc.stdin.write("close\n")
-            self.proc.stdin.flush()
-        self.proc.wait(timeout)
-        self._reader.join(5)
-
-    def kill(self) -> None:
-        os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(10)
-        self._reader.join(5)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(10)
-        self._err.close()
 
 
 @pytest.fixture
@@ -202,15 +112,17 @@ def _converged(members: list[Member], queues: list[tuple[str, int]] = ALL_QUEUES
 
 
 def test_three_members_share_8_queues_exactly_once(cluster: RocketMQCluster, spawn: Any) -> None:
-    topic, group = _topic(cluster), _name("g")
+    topic, group = _topic(cluster), name("g")
     members = [spawn(cluster, topic, group) for _ in range(3)]
-    _wait(lambda: _converged(members), 60, "3 members share the 8 queues")
+    wait_for(lambda: _converged(members), 60, "3 members share the 8 queues")
     ids = sorted(m.client_id for m in members)
     for m in members:  # RocketMQ's AllocateMessageQueueAveragely over sorted ids
         assert m.held() == allocate_averagely(ALL_QUEUES, ids, m.client_id)
 
-    sent = _send(cluster, topic, 3000)
-    _wait(lambda: sum(len(m.received()) for m in members) >= len(sent), 60, "3,000 messages read")
+    sent = send(cluster, topic, 3000)
+    wait_for(
+        lambda: sum(len(m.received()) for m in members) >= len(sent), 60, "3,000 messages read"
+    )
     for m in members:
         m.close()
     got = Counter(i for m in members for i in m.received())
@@ -220,19 +132,19 @@ def test_three_members_share_8_queues_exactly_once(cluster: RocketMQCluster, spa
 
 
 def test_killed_member_queues_move_nothing_lost(cluster: RocketMQCluster, spawn: Any) -> None:
-    topic, group = _topic(cluster), _name("g")
+    topic, group = _topic(cluster), name("g")
     members = [spawn(cluster, topic, group) for _ in range(3)]
-    _wait(lambda: _converged(members), 60, "3 members share the 8 queues")
-    first = _send(cluster, topic, 1500, "before")
+    wait_for(lambda: _converged(members), 60, "3 members share the 8 queues")
+    first = send(cluster, topic, 1500, "before")
     victim, survivors = members[0], members[1:]
-    _wait(lambda: len(victim.received()) >= 100, 30, "the victim read some")
+    wait_for(lambda: len(victim.received()) >= 100, 30, "the victim read some")
     victim.kill()
-    moved = _wait(lambda: _converged(survivors), 30, "the victim's queues move to the others")
+    moved = wait_for(lambda: _converged(survivors), 30, "the victim's queues move to the others")
     print(f"\nrebalance after SIGKILL: {moved:.2f} s")
     assert moved < 5.0
-    second = _send(cluster, topic, 1500, "after")
+    second = send(cluster, topic, 1500, "after")
     want = set(first) | set(second)
-    _wait(lambda: want <= {i for m in members for i in m.received()}, 60, "every message read")
+    wait_for(lambda: want <= {i for m in members for i in m.received()}, 60, "every message read")
     for m in survivors:
         m.close()
     got = Counter(i for m in members for i in m.received())
@@ -242,19 +154,19 @@ def test_killed_member_queues_move_nothing_lost(cluster: RocketMQCluster, spawn:
 
 
 def test_close_rebalances_at_once_without_duplicates(cluster: RocketMQCluster, spawn: Any) -> None:
-    topic, group = _topic(cluster), _name("g")
+    topic, group = _topic(cluster), name("g")
     members = [spawn(cluster, topic, group) for _ in range(2)]
-    _wait(lambda: _converged(members), 60, "2 members share the 8 queues")
-    sent = _send(cluster, topic, 1000)
+    wait_for(lambda: _converged(members), 60, "2 members share the 8 queues")
+    sent = send(cluster, topic, 1000)
     leaver, stayer = members
-    _wait(lambda: len(leaver.received()) >= 50, 30, "the leaver read some")
+    wait_for(lambda: len(leaver.received()) >= 50, 30, "the leaver read some")
     start = time.monotonic()
     leaver.close()
     closed = time.monotonic() - start
-    moved = _wait(lambda: stayer.held() == ALL_QUEUES, 10, "the stayer reads every queue")
+    moved = wait_for(lambda: stayer.held() == ALL_QUEUES, 10, "the stayer reads every queue")
     print(f"\nclose() took {closed:.2f} s; the stayer held every queue {moved:.2f} s later")
     assert moved < 2.0
-    _wait(lambda: set(sent) <= set(leaver.received()) | set(stayer.received()), 60, "all read")
+    wait_for(lambda: set(sent) <= set(leaver.received()) | set(stayer.received()), 60, "all read")
     stayer.close()
     got = Counter(leaver.received() + stayer.received())
     assert set(got) == set(sent)
@@ -263,9 +175,9 @@ def test_close_rebalances_at_once_without_duplicates(cluster: RocketMQCluster, s
 
 
 def test_member_joining_mid_stream_takes_its_share(cluster: RocketMQCluster, spawn: Any) -> None:
-    topic, group = _topic(cluster), _name("g")
+    topic, group = _topic(cluster), name("g")
     first = spawn(cluster, topic, group)
-    _wait(lambda: first.held() == ALL_QUEUES, 60, "the first member reads every queue")
+    wait_for(lambda: first.held() == ALL_QUEUES, 60, "the first member reads every queue")
     sent: list[str] = []
     errors: list[BaseException] = []
 
@@ -282,14 +194,14 @@ def test_member_joining_mid_stream_takes_its_share(cluster: RocketMQCluster, spa
     sender = threading.Thread(target=send)
     sender.start()
     try:
-        _wait(lambda: len(first.received()) >= 300, 30, "the first member read some")
+        wait_for(lambda: len(first.received()) >= 300, 30, "the first member read some")
         joiner = spawn(cluster, topic, group)
-        took = _wait(lambda: _converged([first, joiner]), 30, "the joiner takes its share")
+        took = wait_for(lambda: _converged([first, joiner]), 30, "the joiner takes its share")
     finally:
         sender.join(60)
     assert not errors, errors
     print(f"\njoin: shares settled {took:.2f} s after the joiner started")
-    _wait(lambda: set(sent) <= set(first.received()) | set(joiner.received()), 60, "all read")
+    wait_for(lambda: set(sent) <= set(first.received()) | set(joiner.received()), 60, "all read")
     first.close()
     joiner.close()
     got = Counter(first.received() + joiner.received())
@@ -297,69 +209,23 @@ def test_member_joining_mid_stream_takes_its_share(cluster: RocketMQCluster, spa
     print(f"read twice on the join: {sum(v - 1 for v in got.values())}")
 
 
-def _drain(c: RocketMQConsumer, want: set[str], timeout: float) -> list[Any]:
-    """Poll until every id in ``want`` came; (message, local epoch ms at return) pairs."""
-    out: list[Any] = []
-    seen: set[str] = set()
-    deadline = time.monotonic() + timeout
-    while not want <= seen:
-        assert time.monotonic() < deadline, f"{len(want - seen)} of {len(want)} not read"
-        for m in c.poll(64, 0.5):
-            out.append((m, time.time_ns() // 1_000_000))
-            seen.add(m.msg_id)
-    return out
-
-
 def test_two_groups_each_get_every_message(cluster: RocketMQCluster) -> None:
     topic = _topic(cluster)
     with (
-        RocketMQConsumer((cluster.namesrv_addr,), topic, _name("g1")) as c1,
-        RocketMQConsumer((cluster.namesrv_addr,), topic, _name("g2")) as c2,
+        RocketMQConsumer((cluster.namesrv_addr,), topic, name("g1")) as c1,
+        RocketMQConsumer((cluster.namesrv_addr,), topic, name("g2")) as c2,
     ):
-        sent = set(_send(cluster, topic, 400))
+        sent = set(send(cluster, topic, 400))
         for c in (c1, c2):
-            got = [m.msg_id for m, _ in _drain(c, sent, 60)]
+            got = [m.msg_id for m, _ in drain(c, sent, 60)]
             assert sorted(got) == sorted(sent)
-
-
-def _send_delayed_while_polling(
-    cluster: RocketMQCluster, c: RocketMQConsumer, topic: str, delays: list[float], gap: float
-) -> tuple[dict[str, int], list[Any]]:
-    """Send one message per delay (``gap`` s apart) on a thread while ``c`` polls, so each
-    is returned when it comes due; (id -> deliver ms, (message, local ms at return))."""
-    deliver: dict[str, int] = {}
-    errors: list[BaseException] = []
-
-    def send() -> None:
-        try:
-            with Producer(cluster.namesrv) as p:
-                for i, d in enumerate(delays):
-                    r = p.send_delayed(topic, f"d-{i}", delay=d)
-                    deliver[r.msg_id] = r.deliver_at_ms
-                    time.sleep(gap)
-        except BaseException as exc:
-            errors.append(exc)
-
-    sender = threading.Thread(target=send)
-    sender.start()
-    got: list[Any] = []
-    deadline = time.monotonic() + 60
-    try:
-        while sender.is_alive() or len({m.msg_id for m, _ in got} & set(deliver)) < len(deliver):
-            assert time.monotonic() < deadline, "delayed messages not read within 60 s"
-            for m in c.poll(64, 0.2):
-                got.append((m, time.time_ns() // 1_000_000))
-    finally:
-        sender.join(60)
-    assert not errors, errors
-    return deliver, [(m, at) for m, at in got if m.msg_id in deliver]
 
 
 def test_delayed_messages_never_early(cluster: RocketMQCluster) -> None:
     topic = _topic(cluster)
-    with RocketMQConsumer((cluster.namesrv_addr,), topic, _name("g")) as c:
+    with RocketMQConsumer((cluster.namesrv_addr,), topic, name("g")) as c:
         delays = [1.0 + 2.0 * (i % 40) / 40 for i in range(120)]
-        deliver, got = _send_delayed_while_polling(cluster, c, topic, delays, 0.01)
+        deliver, got = send_delayed_while_polling(cluster, c, topic, delays, 0.01)
         stats = c.stats()
     assert sorted(m.msg_id for m, _ in got) == sorted(deliver)
     for m, at in got:
@@ -373,17 +239,12 @@ def test_delayed_messages_never_early(cluster: RocketMQCluster) -> None:
     )
 
 
-def _pct(values: list[int], q: float) -> int:
-    v = sorted(values)
-    return v[min(len(v) - 1, int(len(v) * q))]
-
-
 def test_lateness_of_1s_delays(cluster: RocketMQCluster) -> None:
     """Receive lateness (local return time - deliver time) of 1 s delays, reported with
     its parts: the broker's fire lateness and fire -> return."""
     topic = _topic(cluster)
-    with RocketMQConsumer((cluster.namesrv_addr,), topic, _name("g")) as c:
-        deliver, got = _send_delayed_while_polling(cluster, c, topic, [1.0] * 300, 0.005)
+    with RocketMQConsumer((cluster.namesrv_addr,), topic, name("g")) as c:
+        deliver, got = send_delayed_while_polling(cluster, c, topic, [1.0] * 300, 0.005)
     assert len(got) == len(deliver) == 300
     late = [at - m.deliver_at_ms for m, at in got]
     fire = [m.fired_at_ms - m.deliver_at_ms for m, _ in got]
@@ -391,9 +252,9 @@ def test_lateness_of_1s_delays(cluster: RocketMQCluster) -> None:
     assert min(late) >= 0
     print(
         f"\n1 s delays x {len(late)}: receive lateness p50 {statistics.median(late):.0f} ms, "
-        f"p99 {_pct(late, 0.99)} ms (broker fire lateness p50 {statistics.median(fire):.0f} / "
-        f"p99 {_pct(fire, 0.99)} ms; stored -> returned p50 {statistics.median(hand):.0f} / "
-        f"p99 {_pct(hand, 0.99)} ms)"
+        f"p99 {pct(late, 0.99)} ms (broker fire lateness p50 {statistics.median(fire):.0f} / "
+        f"p99 {pct(fire, 0.99)} ms; stored -> returned p50 {statistics.median(hand):.0f} / "
+        f"p99 {pct(hand, 0.99)} ms)"
     )
 
 
@@ -403,52 +264,26 @@ def test_producer_message_comes_back_whole(cluster: RocketMQCluster) -> None:
     body = bytes(range(256)) * 4
     with Producer(cluster.namesrv) as p:
         sent = p.send(topic, body, key="order-7", tags="tagA", properties=props)
-    with RocketMQConsumer((cluster.namesrv_addr,), topic, _name("g")) as c:
-        [(m, _)] = _drain(c, {sent.msg_id}, 30)
+    with RocketMQConsumer((cluster.namesrv_addr,), topic, name("g")) as c:
+        [(m, _)] = drain(c, {sent.msg_id}, 30)
         assert (m.msg_id, m.topic, m.body) == (sent.msg_id, topic, body)
         assert (m.key, m.tags, m.properties) == ("order-7", "tagA", props)
         assert (m.broker_name, m.queue_id) == (sent.broker_name, sent.queue_id)
         assert m.deliver_at_ms == m.fired_at_ms and m.extra["attempt"] == 1
-        _wait(lambda: c.assignment() == ALL_QUEUES, 10, "one member reads every queue")
+        wait_for(lambda: c.assignment() == ALL_QUEUES, 10, "one member reads every queue")
         assert c.members() == [c.client_id]
         c.commit()
         assert c.committed()[(m.broker_name, m.queue_id)] == m.offset + 1
 
 
-def _send_batch_raw(
-    cluster: RocketMQCluster, topic: str, props: dict[str, str], body: bytes
-) -> None:
-    """One message by SEND_BATCH_MESSAGE to broker-a, queue 0, built by hand: the broker's
-    batch path skips the timer hook, so a TIMER_DELIVER_MS in it is stored as is and the
-    message is readable at once -- a broker handing a message over before its time."""
-    pbytes = msg.encode_properties(props).encode()
-    one = struct.pack(">iiiii", 20 + len(body) + 2 + len(pbytes), 0, 0, 0, len(body))
-    one += body + struct.pack(">h", len(pbytes)) + pbytes
-    now = time.time_ns() // 1_000_000
-    header = msg.send_header(
-        group="qclient-test",
-        topic=topic,
-        queue_id=0,
-        sys_flag=0,
-        born_ms=now,
-        flag=0,
-        properties="",
-        batch=True,
-        broker_name="broker-a",
-    )
-    with Connection(cluster.brokers[0].addr) as conn:
-        answer = conn.call(request(RequestCode.SEND_BATCH_MESSAGE, header, one), 10)
-    assert answer.code == 0, answer.remark
-
-
 def test_message_handed_over_early_is_held_until_its_time(cluster: RocketMQCluster) -> None:
     topic = _topic(cluster)
-    with RocketMQConsumer((cluster.namesrv_addr,), topic, _name("g")) as c:
-        _wait(lambda: c.assignment() == ALL_QUEUES, 10, "one member reads every queue")
+    with RocketMQConsumer((cluster.namesrv_addr,), topic, name("g")) as c:
+        wait_for(lambda: c.assignment() == ALL_QUEUES, 10, "one member reads every queue")
         uid = uuid.uuid4().hex.upper()
         deliver = time.time_ns() // 1_000_000 + 1500
-        _send_batch_raw(cluster, topic, {"UNIQ_KEY": uid, "TIMER_DELIVER_MS": str(deliver)}, b"e")
-        [(m, at)] = _drain(c, {uid}, 10)
+        send_batch_raw(cluster, topic, {"UNIQ_KEY": uid, "TIMER_DELIVER_MS": str(deliver)}, b"e")
+        [(m, at)] = drain(c, {uid}, 10)
         stats = c.stats()
     assert m.deliver_at_ms == deliver and at >= deliver
     assert m.extra["store_ms"] < deliver - 500  # readable well before its time
@@ -462,8 +297,8 @@ def test_duplicate_uniq_key_returned_once(cluster: RocketMQCluster) -> None:
         first = p.send(topic, b"once", key="k")
         again = p.send(topic, b"once", key="k", msg_id=first.msg_id)  # a retry's copy
     assert again.msg_id == first.msg_id
-    with RocketMQConsumer((cluster.namesrv_addr,), topic, _name("g")) as c:
-        got = [m.msg_id for m, _ in _drain(c, {first.msg_id}, 10)]
+    with RocketMQConsumer((cluster.namesrv_addr,), topic, name("g")) as c:
+        got = [m.msg_id for m, _ in drain(c, {first.msg_id}, 10)]
         deadline = time.monotonic() + 10
         while c.stats()["duplicates_dropped"] < 1:  # dropped when a poll reaches it
             assert time.monotonic() < deadline, "the copy was not dropped"
@@ -474,7 +309,7 @@ def test_duplicate_uniq_key_returned_once(cluster: RocketMQCluster) -> None:
 
 def test_closed_consumer(cluster: RocketMQCluster) -> None:
     topic = _topic(cluster)
-    with RocketMQConsumer((cluster.namesrv_addr,), topic, _name("g")) as c:
+    with RocketMQConsumer((cluster.namesrv_addr,), topic, name("g")) as c:
         assert repr(c).startswith("RocketMQConsumer(") and not c.closed
     assert c.closed
     c.close()  # idempotent
@@ -484,13 +319,13 @@ def test_closed_consumer(cluster: RocketMQCluster) -> None:
 
 
 def test_consumer_dropped_unclosed_leaves_the_group(cluster: RocketMQCluster) -> None:
-    topic, group = _topic(cluster), _name("g")
+    topic, group = _topic(cluster), name("g")
     with RocketMQConsumer((cluster.namesrv_addr,), topic, group) as stays:
         gone = RocketMQConsumer((cluster.namesrv_addr,), topic, group)
-        _wait(lambda: len(stays.assignment()) == 4, 30, "two members share the queues")
+        wait_for(lambda: len(stays.assignment()) == 4, 30, "two members share the queues")
         del gone
         gc.collect()
-        left = _wait(lambda: stays.assignment() == ALL_QUEUES, 10, "the other holds all")
+        left = wait_for(lambda: stays.assignment() == ALL_QUEUES, 10, "the other holds all")
         assert stays.members() == [stays.client_id]
     print(f"\ngarbage-collected member's queues moved in {left:.2f} s")
 
@@ -499,7 +334,7 @@ def test_consumer_dropped_unclosed_leaves_the_group(cluster: RocketMQCluster) ->
 def test_java_consumer_shares_the_group(cluster: RocketMQCluster) -> None:
     """RocketMQ's own DefaultLitePullConsumer and ours in one group: the queues split
     between them, each message read by one."""
-    topic, group = _topic(cluster), _name("g")
+    topic, group = _topic(cluster), name("g")
     java: list[dict[str, Any]] = []
     errors: list[BaseException] = []
 
@@ -510,15 +345,15 @@ def test_java_consumer_shares_the_group(cluster: RocketMQCluster) -> None:
             errors.append(exc)
 
     with RocketMQConsumer((cluster.namesrv_addr,), topic, group) as c:
-        _wait(lambda: c.assignment() == ALL_QUEUES, 10, "ours reads every queue")
+        wait_for(lambda: c.assignment() == ALL_QUEUES, 10, "ours reads every queue")
         peer = threading.Thread(target=run_java)
         peer.start()
         try:
-            _wait(lambda: len(c.members()) == 2, 30, "the Java consumer joins")
+            wait_for(lambda: len(c.members()) == 2, 30, "the Java consumer joins")
             share = allocate_averagely(ALL_QUEUES, c.members(), c.client_id)
-            _wait(lambda: c.assignment() == share, 10, "ours gives the Java one its share")
-            sent = set(_send(cluster, topic, 400))
-            ours = [m.msg_id for m, _ in _drain_some(c, sent, 20)]
+            wait_for(lambda: c.assignment() == share, 10, "ours gives the Java one its share")
+            sent = set(send(cluster, topic, 400))
+            ours = [m.msg_id for m, _ in drain_some(c, sent, 20)]
         finally:
             peer.join(80)
     assert not errors, errors
@@ -526,15 +361,3 @@ def test_java_consumer_shares_the_group(cluster: RocketMQCluster) -> None:
     assert ours and theirs
     assert sorted(ours + theirs) == sorted(sent), "each message read by one member"
     assert {(m["brokerName"], m["queueId"]) for m in java}.isdisjoint(share)
-
-
-def _drain_some(c: RocketMQConsumer, ids: set[str], quiet: float) -> list[Any]:
-    """Poll until nothing new came for ``quiet`` s (others read the rest of ``ids``)."""
-    out: list[Any] = []
-    last = time.monotonic()
-    while time.monotonic() - last < quiet:
-        batch = [m for m in c.poll(64, 0.5) if m.msg_id in ids]
-        if batch:
-            out += [(m, time.time_ns() // 1_000_000) for m in batch]
-            last = time.monotonic()
-    return out
