@@ -26,16 +26,12 @@ import httpx
 
 from ._config import DEFAULT_HOST
 from ._extras import missing_server_extra
-from .errors import QClientError
+from .errors import ClusterError, UnsupportedByEngineError
 from .protocol import wire
 
 __all__ = ["ClusterError", "LocalCluster", "NodeHandle"]
 
 log = logging.getLogger(__name__)
-
-
-class ClusterError(QClientError):
-    """A local cluster process could not be started or did not become ready."""
 
 
 def _wait(cond: Callable[[], bool], timeout: float, what: str, interval: float = 0.02) -> None:
@@ -179,7 +175,33 @@ class NodeHandle:
 
 
 class LocalCluster:
-    """A name server and ``brokers`` brokers as child processes (a context manager)."""
+    """A name server and ``brokers`` brokers as child processes (a context manager).
+
+    ``engine="rocketmq"`` makes it an Apache RocketMQ 5 cluster instead (NameServer and
+    brokers as JVMs: ``qclient.engines.rocketmq.local.RocketMQCluster``, the same handles
+    and waits); ``replicas`` is that engine's.
+    """
+
+    #: the engine its processes are
+    engine = "qclient"
+
+    def __new__(cls, *args: Any, engine: str = "qclient", replicas: int = 1, **kwargs: Any) -> Any:
+        if engine == "rocketmq":
+            from .engines.rocketmq.local import RocketMQCluster
+
+            brokers = args[0] if args else kwargs.pop("brokers", 2)
+            data_dir = args[1] if len(args) > 1 else kwargs.pop("data_dir", None)
+            auth_file = args[2] if len(args) > 2 else kwargs.pop("auth_file", None)
+            if auth_file is not None:
+                raise UnsupportedByEngineError("rocketmq", "LocalCluster(auth_file=...)")
+            return RocketMQCluster(brokers, data_dir, replicas=replicas, **kwargs)
+        if engine != "qclient":
+            raise ValueError(f"unknown engine {engine!r}: 'qclient' or 'rocketmq'")
+        if replicas != 1:
+            raise UnsupportedByEngineError(
+                "qclient", "replicas", "its brokers keep one copy; use engine='rocketmq'"
+            )
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -200,6 +222,8 @@ class LocalCluster:
         tls_key: str | None = None,
         tls_ca: str | None = None,
         startup_timeout: float = 60.0,
+        engine: str = "qclient",
+        replicas: int = 1,
     ) -> None:
         self._own_dir = data_dir is None
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="qclient-cluster-"))
@@ -271,6 +295,36 @@ class LocalCluster:
             if b.name == name:
                 return b
         raise KeyError(name)
+
+    @property
+    def replicas(self) -> dict[str, list[NodeHandle]]:
+        """Every process of each broker: one here (our brokers keep one copy)."""
+        return {b.name: [b] for b in self.brokers}
+
+    def create_topic(self, topic: str, queues: int = 4, timeout: float = 30.0) -> None:
+        """Create ``topic`` with ``queues`` queues on every broker, and wait until the name
+        servers route it to all of them."""
+        body = wire.encode(wire.CreateTopicRequest(topic, queues))
+        for b in self.brokers:
+            resp = self._http.post(
+                wire.base_url(b.addr) + wire.BROKER_TOPICS,
+                content=body,
+                headers={"content-type": wire.JSON},
+            )
+            if resp.status_code != 200:
+                raise ClusterError(f"{b.name}: create topic {topic}: HTTP {resp.status_code}")
+        want = {b.name for b in self.brokers}
+
+        def routed() -> bool:
+            resp = self._http.get(
+                wire.base_url(self.namesrv_node.addr) + wire.NAMESRV_ROUTE.format(topic=topic)
+            )
+            if resp.status_code != 200:
+                return False
+            route = wire.decode(resp.content, wire.TopicRoute, resp.headers.get("content-type", ""))
+            return want <= {q.broker_name for q in route.queue_datas}
+
+        _wait(routed, timeout, f"topic {topic} to route to {sorted(want)}")
 
     # --- lifecycle ------------------------------------------------------------------
 

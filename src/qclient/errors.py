@@ -16,6 +16,7 @@ __all__ = [
     "BrokerUnavailableError",
     "BufferFullError",
     "ClosedError",
+    "ClusterError",
     "ConsumerClosedError",
     "InvalidMessageError",
     "MessageNotScheduledError",
@@ -136,6 +137,10 @@ class BatchSendError(QClientError):
     @property
     def succeeded(self) -> list[tuple[int, SendResult]]:
         return [(i, r) for i, r in enumerate(self.results) if not isinstance(r, QClientError)]
+
+
+class ClusterError(QClientError):
+    """A local cluster process could not be started or did not become ready."""
 
 
 class UnsupportedByEngineError(QClientError):

@@ -17,9 +17,11 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from types import TracebackType
+from typing import Any
 
 from .. import _tracing
 from .._models import ReceivedMessage
+from ..engines import ROCKETMQ, parse_namesrv
 from ..errors import AuthError, ConsumerClosedError, QClientError
 from ..protocol import wire
 from ._group import GroupMember
@@ -42,6 +44,15 @@ class Consumer(GroupMember):
     consumer holds each and ``poll()`` returns it at its deliver time by the broker's clock,
     never earlier, earliest first.
     """
+
+    def __new__(cls, namesrv: Any, *args: Any, **kwargs: Any) -> Any:
+        # the engine is the address's: on RocketMQ, its own group consumer with this API
+        engine, addrs = parse_namesrv(namesrv)
+        if engine == ROCKETMQ:
+            from ..engines.rocketmq.consumer import RocketMQConsumer
+
+            return RocketMQConsumer(addrs, *args, **kwargs)
+        return super().__new__(cls)
 
     def __repr__(self) -> str:
         return f"Consumer(topic={self.topic!r}, group={self.group!r}, client_id={self.client_id!r})"

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
 
+from ..engines import parse_namesrv
 from ..errors import AuthError, InvalidMessageError, QClientError
 from ..protocol import wire
 from ..routing.nameserver import NameServerClient
@@ -81,7 +82,8 @@ class GroupMember:
         self._interval = session_timeout / 3
         creds = Credentials(access_key, secret_key) if access_key and secret_key else None
         self._http = SyncHttp(content_type=wire.MSGPACK, credentials=creds, verify=verify)
-        self._namesrv = NameServerClient(namesrv, timeout=request_timeout, http=self._http)
+        _engine, addrs = parse_namesrv(namesrv)  # qclient:// or none: ours (see Consumer)
+        self._namesrv = NameServerClient(addrs, timeout=request_timeout, http=self._http)
         self._timeout = request_timeout
         self._brokers: dict[str, str] = {}  # name -> addr
         self._route_at = 0.0

@@ -80,19 +80,17 @@ class RemotingCall:
                 groups.append([i])
             else:
                 immediate.append(i)
-        # a batch request is one topic and one queue (the first message's: the others
-        # report it too), and all compressed or none (its header's sysFlag)
-        batches: dict[tuple[str, int], list[int]] = {}
+        # a batch request is one queue of one topic, and all compressed or none (its
+        # header's sysFlag): the items keep the queues the plan chose for them
+        batches: dict[tuple[str, int, int], list[int]] = {}
         for i in immediate:
             w = self.items[i].wire
-            batches.setdefault((w.topic, w.flag & FLAG_COMPRESSED), []).append(i)
+            batches.setdefault((w.topic, w.queue_id, w.flag & FLAG_COMPRESSED), []).append(i)
         for group in batches.values():
             wires = [self.items[i].wire for i in group]
             if len(wires) == 1:
                 cmds.append(_single(wires[0], self.broker, None, now))
             else:
-                for w in wires[1:]:
-                    w.queue_id = wires[0].queue_id
                 cmds.append(_batch(wires, self.broker, now))
             groups.append(group)
         self.groups = groups
