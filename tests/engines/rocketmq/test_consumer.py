@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gc
 import os
+import socket
 import statistics
 import threading
 import time
@@ -31,7 +32,7 @@ from qclient.consumer import allocate_averagely
 from qclient.engines.rocketmq.consumer import RocketMQConsumer
 from qclient.engines.rocketmq.local import RocketMQCluster
 from qclient.engines.rocketmq.local.runtime import find_java, find_lib
-from qclient.errors import ConsumerClosedError
+from qclient.errors import ConsumerClosedError, NameServerUnavailableError
 
 from ._consumer_helpers import (
     Member,
@@ -321,6 +322,19 @@ def test_closed_consumer(cluster: RocketMQCluster) -> None:
     with pytest.raises(ConsumerClosedError):
         c.poll()
     assert list(c) == []
+
+
+def test_no_namesrv_raises_and_an_unknown_topic_reads_nothing(cluster: RocketMQCluster) -> None:
+    with socket.socket() as s:  # a loopback port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{s.getsockname()[1]}"
+    with RocketMQConsumer((dead,), "T", name("g")) as c:
+        start = time.monotonic()
+        with pytest.raises(NameServerUnavailableError):
+            c.poll(timeout=10)
+        assert time.monotonic() - start < 5
+    with RocketMQConsumer((cluster.namesrv_addr,), name("nosuch"), name("g")) as c:
+        assert c.poll(timeout=1.0) == [] and c.assignment() == []
 
 
 def test_consumer_dropped_unclosed_leaves_the_group(cluster: RocketMQCluster) -> None:

@@ -81,12 +81,16 @@ def _client_id() -> str:
 class RocketMQConsumer:
     """``RocketMQConsumer(namesrv_addrs, topic, group)``; ``poll()`` returns messages.
 
-    ``session_timeout``: heartbeats (and rebalance rounds) go every third of it, at most
-    every second. RocketMQ's brokers decide when a silent member is dead (120 s after its
-    last heartbeat, or at once when its connections close, as when its process dies).
+    ``session_timeout``: heartbeats (and rebalance rounds) go every third of it or every
+    second, whichever is more often. RocketMQ's brokers decide when a silent member is
+    dead (120 s after its last heartbeat, or at once when its connections close, as when
+    its process dies).
     ``auto_commit=False``: only ``commit()`` commits (``poll()`` does not).
     ``request_timeout``: seconds for each request to a NameServer or broker.
     ``client_id``: the member id (default ``127.0.0.1@<pid>@<random>``).
+    A topic the NameServers do not route yet reads nothing until they do (its route is
+    looked up every few seconds); while no route was ever read because no NameServer
+    answers, ``poll()`` raises ``NameServerUnavailableError``.
     ``access_key`` / ``secret_key`` are not supported on this engine (use RocketMQ's ACL
     outside the client and leave them unset); ``verify`` is accepted and ignored (the
     remoting protocol here is plain TCP).

@@ -113,10 +113,11 @@ class MemberLoop:
         self.error: QClientError | None = None
         self.members: list[str] = []
 
-    # --- from other threads -----------------------------------------------------------
+    # --- for the consumer --------------------------------------------------------------
 
     def wake_committer(self) -> None:
-        """Commit what was acknowledged soon (call on the loop's thread only)."""
+        """Commit what was acknowledged soon (on the loop's thread: the consumer calls it
+        through ``call_soon_threadsafe``)."""
         if self._commit_wake is not None:
             self._commit_wake.set()
 
@@ -138,6 +139,8 @@ class MemberLoop:
                 except QClientError as exc:
                     self.error = exc
                     log.warning("consumer %s: group round failed: %s", self.client_id, exc)
+                    with self._cond:  # a poll waiting may have to raise it
+                        self._cond.notify_all()
                 except Exception:  # a bug: keep the member alive, say so
                     log.exception("consumer %s: group round failed", self.client_id)
                 wait = self._interval
