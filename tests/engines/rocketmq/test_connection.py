@@ -41,6 +41,11 @@ from qclient.engines.rocketmq.remoting import (
 LIB = Path(__file__).resolve().parents[3] / "tools" / "rocketmq" / "lib"
 GET_ROUTEINFO_BY_TOPIC = 105
 TOPIC_NOT_EXIST = 17
+#: the timeout of calls that must be answered: a bound for a starved JVM on a busy host
+OK = 30.0
+#: the timeout of calls that must fail first (closed or killed server): they must fail
+#: well before it
+LONG = 60.0
 _JVM_FLAGS = ["-Xms128m", "-Xmx128m", "-XX:+UseSerialGC"]
 
 pytestmark = pytest.mark.skipif(
@@ -108,7 +113,7 @@ class Namesrv:
         stop pending a while (seen: over 200 ms, with the JVM still answering)."""
         self.signal(signal.SIGSTOP)
         try:
-            _wait_for(self._stopped, 10.0)
+            _wait_for(self._stopped)
         except BaseException:
             self.resume()
             raise
@@ -164,7 +169,21 @@ def _check_answer(req: RemotingCommand, resp: Any, topic: str) -> None:
     assert f"topic: {topic}\n" in resp.remark
 
 
-def _wait_for(cond: Callable[[], bool], timeout: float = 5.0) -> None:
+#: the timeout in the timeout tests, and how late its error may come
+SHORT, SLACK = 0.3, 0.05
+
+
+def _check_timeouts(durations: list[float]) -> bool:
+    """Whether to stop measuring: every call took at least SHORT (less 2 ms: uvloop's timers
+    tick in whole milliseconds) and the last came within SHORT + SLACK. Callers try up to
+    three times: a busy 2-core host can deschedule this process for longer than SLACK,
+    which says nothing about the driver."""
+    assert all(d >= SHORT - 0.002 for d in durations), durations
+    assert len(durations) < 3 or durations[-1] < SHORT + SLACK, durations
+    return durations[-1] < SHORT + SLACK
+
+
+def _wait_for(cond: Callable[[], bool], timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while not cond():
         assert time.monotonic() < deadline, "condition not met in time"
@@ -184,7 +203,7 @@ def test_64_threads_share_one_connection(namesrv: Namesrv) -> None:
                 for i in range(50):
                     topic = f"t{t}-{i}"
                     req = _probe(topic)
-                    _check_answer(req, conn.call(req, 10.0), topic)
+                    _check_answer(req, conn.call(req, OK), topic)
                     answered[t] += 1
             except BaseException as exc:
                 errors.append(exc)
@@ -202,7 +221,7 @@ def test_64_threads_share_one_connection(namesrv: Namesrv) -> None:
 def test_call_many_answers_in_order(namesrv: Namesrv) -> None:
     with Connection(namesrv.addr) as conn:
         reqs = [_probe(f"many-{i}") for i in range(100)]
-        answers = conn.call_many(reqs, 10.0)
+        answers = conn.call_many(reqs, OK)
         assert len(answers) == 100
         for i, (req, resp) in enumerate(zip(reqs, answers, strict=True)):
             _check_answer(req, resp, f"many-{i}")
@@ -211,23 +230,26 @@ def test_call_many_answers_in_order(namesrv: Namesrv) -> None:
 
 def test_timeout_on_paused_namesrv_then_close_fails_in_flight(namesrv: Namesrv) -> None:
     with Connection(namesrv.addr) as conn:
-        _check_answer(req := _probe("warm"), conn.call(req, 5.0), "warm")
+        _check_answer(req := _probe("warm"), conn.call(req, OK), "warm")
         namesrv.pause()
         try:
-            t0 = time.monotonic()
-            with pytest.raises(RemotingTimeoutError):
-                conn.call(_probe("paused"), 0.3)
-            elapsed = time.monotonic() - t0
-            assert 0.3 <= elapsed < 0.35, elapsed
-            t0 = time.monotonic()
-            answers = conn.call_many([_probe(f"paused-{i}") for i in range(5)], 0.3)
-            assert all(isinstance(a, RemotingTimeoutError) for a in answers), answers
-            assert time.monotonic() - t0 < 0.35
+            durations: list[float] = []
+            while not durations or not _check_timeouts(durations):
+                t0 = time.monotonic()
+                with pytest.raises(RemotingTimeoutError):
+                    conn.call(_probe("paused"), SHORT)
+                durations.append(time.monotonic() - t0)
+            durations = []
+            while not durations or not _check_timeouts(durations):
+                t0 = time.monotonic()
+                answers = conn.call_many([_probe(f"paused-{i}") for i in range(5)], SHORT)
+                durations.append(time.monotonic() - t0)
+                assert all(isinstance(a, RemotingTimeoutError) for a in answers), answers
             assert conn.in_flight == 0 and not conn.closed
         finally:
             namesrv.resume()
         # the late answers are dropped; the connection still works
-        _check_answer(req := _probe("resumed"), conn.call(req, 5.0), "resumed")
+        _check_answer(req := _probe("resumed"), conn.call(req, OK), "resumed")
 
     # close() fails calls in flight at once
     with Connection(namesrv.addr) as conn:
@@ -237,7 +259,7 @@ def test_timeout_on_paused_namesrv_then_close_fails_in_flight(namesrv: Namesrv) 
 
             def caller() -> None:
                 try:
-                    conn.call(_probe("never"), 30.0)
+                    conn.call(_probe("never"), LONG)
                 except BaseException as exc:
                     failures.put(exc)
 
@@ -249,11 +271,11 @@ def test_timeout_on_paused_namesrv_then_close_fails_in_flight(namesrv: Namesrv) 
             conn.close()
             for th in threads:
                 th.join(5)
-            assert time.monotonic() - t0 < 1.0
+            assert time.monotonic() - t0 < 5.0
             got = [failures.get_nowait() for _ in range(4)]
             assert all(isinstance(e, RemotingConnectionError) for e in got), got
             with pytest.raises(RemotingConnectionError):
-                conn.call(_probe("after-close"), 5.0)
+                conn.call(_probe("after-close"), OK)
         finally:
             namesrv.resume()
 
@@ -263,18 +285,18 @@ def test_killed_namesrv_fails_calls_fast(doomed_namesrv: Namesrv) -> None:
     with ConnectionPool(connect_timeout=2.0) as pool:
         conn = pool.get(ns.addr)
         assert pool.get(ns.addr) is conn
-        _check_answer(req := _probe("alive"), conn.call(req, 5.0), "alive")
+        _check_answer(req := _probe("alive"), conn.call(req, OK), "alive")
         ns.pause()  # keeps the calls below in flight until the kill
         results: queue.SimpleQueue[object] = queue.SimpleQueue()
 
         def caller() -> None:
             try:
-                results.put(conn.call(_probe("doomed"), 20.0))
+                results.put(conn.call(_probe("doomed"), LONG))
             except BaseException as exc:
                 results.put(exc)
 
         def batch() -> None:
-            results.put(conn.call_many([_probe(f"doomed-{i}") for i in range(10)], 20.0))
+            results.put(conn.call_many([_probe(f"doomed-{i}") for i in range(10)], LONG))
 
         threads = [threading.Thread(target=caller) for _ in range(8)]
         threads.append(threading.Thread(target=batch))
@@ -285,7 +307,7 @@ def test_killed_namesrv_fails_calls_fast(doomed_namesrv: Namesrv) -> None:
         ns.signal(signal.SIGKILL)
         for th in threads:
             th.join(10)
-        assert time.monotonic() - t0 < 2.0  # against a 20 s timeout
+        assert time.monotonic() - t0 < 5.0  # against a 60 s timeout
         got = [results.get_nowait() for _ in range(9)]
         batches = [r for r in got if isinstance(r, list)]
         singles = [r for r in got if not isinstance(r, list)]
@@ -294,8 +316,8 @@ def test_killed_namesrv_fails_calls_fast(doomed_namesrv: Namesrv) -> None:
         assert conn.closed
         t0 = time.monotonic()
         with pytest.raises(RemotingConnectionError):
-            conn.call(_probe("new"), 20.0)
-        assert time.monotonic() - t0 < 0.1
+            conn.call(_probe("new"), LONG)
+        assert time.monotonic() - t0 < 1.0
         # the dying JVM closes its connections before its listening socket: until it has
         # exited, a connect may still be accepted (by the kernel, into the backlog)
         ns.proc.wait(10)
@@ -315,7 +337,7 @@ def test_pool_replaces_closed_and_discarded(namesrv: Namesrv) -> None:
         pool.discard(namesrv.addr)
         assert second.closed
         third = pool.get(namesrv.addr)
-        _check_answer(req := _probe("pool"), third.call(req, 5.0), "pool")
+        _check_answer(req := _probe("pool"), third.call(req, OK), "pool")
     finally:
         pool.close()
     assert third.closed
@@ -346,12 +368,12 @@ def _loop_factories() -> list[Any]:
 
 @pytest.fixture(params=_loop_factories())
 def run(request: pytest.FixtureRequest) -> Callable[[Coroutine[Any, Any, Any]], Any]:
-    """Run a coroutine to completion on the parametrized event loop (bounded to 60 s)."""
+    """Run a coroutine to completion on the parametrized event loop (bounded to 120 s)."""
     factory = request.param
 
     def runner(coro: Coroutine[Any, Any, Any]) -> Any:
         async def bounded() -> Any:
-            async with asyncio.timeout(60):
+            async with asyncio.timeout(120):
                 return await coro
 
         with asyncio.Runner(loop_factory=factory) as r:
@@ -368,14 +390,14 @@ def test_async_many_tasks_share_one_connection(namesrv: Namesrv, run: Any) -> No
                 for i in range(50):
                     topic = f"a{t}-{i}"
                     req = _probe(topic)
-                    _check_answer(req, await conn.call(req, 10.0), topic)
+                    _check_answer(req, await conn.call(req, OK), topic)
                 return 50
 
             assert await asyncio.gather(*(worker(t) for t in range(64))) == [50] * 64
             assert conn.in_flight == 0 and not conn.closed
 
             reqs = [_probe(f"amany-{i}") for i in range(100)]
-            answers = await conn.call_many(reqs, 10.0)
+            answers = await conn.call_many(reqs, OK)
             for i, (req, resp) in enumerate(zip(reqs, answers, strict=True)):
                 _check_answer(req, resp, f"amany-{i}")
 
@@ -385,31 +407,34 @@ def test_async_many_tasks_share_one_connection(namesrv: Namesrv, run: Any) -> No
 def test_async_timeout_on_paused_namesrv(namesrv: Namesrv, run: Any) -> None:
     async def main() -> None:
         async with await AsyncConnection.connect(namesrv.addr) as conn:
-            _check_answer(req := _probe("warm"), await conn.call(req, 5.0), "warm")
+            _check_answer(req := _probe("warm"), await conn.call(req, OK), "warm")
             namesrv.pause()
             try:
-                t0 = time.monotonic()
-                with pytest.raises(RemotingTimeoutError):
-                    await conn.call(_probe("paused"), 0.3)
-                # uvloop's timers tick in whole milliseconds: one may fire a moment early
-                assert 0.298 <= time.monotonic() - t0 < 0.35
-                t0 = time.monotonic()
-                answers = await conn.call_many([_probe(f"p{i}") for i in range(5)], 0.3)
-                assert all(isinstance(a, RemotingTimeoutError) for a in answers), answers
-                assert time.monotonic() - t0 < 0.35
+                durations: list[float] = []
+                while not durations or not _check_timeouts(durations):
+                    t0 = time.monotonic()
+                    with pytest.raises(RemotingTimeoutError):
+                        await conn.call(_probe("paused"), SHORT)
+                    durations.append(time.monotonic() - t0)
+                durations = []
+                while not durations or not _check_timeouts(durations):
+                    t0 = time.monotonic()
+                    answers = await conn.call_many([_probe(f"p{i}") for i in range(5)], SHORT)
+                    durations.append(time.monotonic() - t0)
+                    assert all(isinstance(a, RemotingTimeoutError) for a in answers), answers
                 late = _probe("late")
-                stuck = asyncio.ensure_future(conn.call(late, 30.0))
+                stuck = asyncio.ensure_future(conn.call(late, LONG))
                 while conn.in_flight != 1:
                     await asyncio.sleep(0.005)
             finally:
                 namesrv.resume()
             # answered once resumed; the answers to the timed-out calls were dropped
             _check_answer(late, await stuck, "late")
-            _check_answer(req := _probe("resumed"), await conn.call(req, 5.0), "resumed")
+            _check_answer(req := _probe("resumed"), await conn.call(req, OK), "resumed")
 
             namesrv.pause()
             try:
-                stuck = asyncio.ensure_future(conn.call(_probe("stuck"), 30.0))
+                stuck = asyncio.ensure_future(conn.call(_probe("stuck"), LONG))
                 while conn.in_flight != 1:
                     await asyncio.sleep(0.005)
                 await conn.close()
@@ -428,11 +453,11 @@ def test_async_killed_namesrv_fails_calls_fast(doomed_namesrv: Namesrv, run: Any
         async with AsyncConnectionPool(connect_timeout=2.0) as pool:
             conn = await pool.get(ns.addr)
             assert await pool.get(ns.addr) is conn
-            _check_answer(req := _probe("alive"), await conn.call(req, 5.0), "alive")
+            _check_answer(req := _probe("alive"), await conn.call(req, OK), "alive")
             ns.pause()
-            singles = [asyncio.ensure_future(conn.call(_probe("d"), 20.0)) for _ in range(8)]
+            singles = [asyncio.ensure_future(conn.call(_probe("d"), LONG)) for _ in range(8)]
             batch = asyncio.ensure_future(
-                conn.call_many([_probe(f"d{i}") for i in range(10)], 20.0)
+                conn.call_many([_probe(f"d{i}") for i in range(10)], LONG)
             )
             while conn.in_flight != 18:
                 await asyncio.sleep(0.005)
@@ -440,14 +465,14 @@ def test_async_killed_namesrv_fails_calls_fast(doomed_namesrv: Namesrv, run: Any
             ns.signal(signal.SIGKILL)
             got = await asyncio.gather(*singles, return_exceptions=True)
             got += await batch
-            assert time.monotonic() - t0 < 2.0  # against a 20 s timeout
+            assert time.monotonic() - t0 < 5.0  # against a 60 s timeout
             assert len(got) == 18
             assert all(isinstance(e, RemotingConnectionError) for e in got), got
             assert conn.closed
             t0 = time.monotonic()
             with pytest.raises(RemotingConnectionError):
-                await conn.call(_probe("new"), 20.0)
-            assert time.monotonic() - t0 < 0.1
+                await conn.call(_probe("new"), LONG)
+            assert time.monotonic() - t0 < 1.0
             await asyncio.to_thread(ns.proc.wait, 10)  # see the blocking test
             t0 = time.monotonic()
             with pytest.raises(RemotingConnectionError):
