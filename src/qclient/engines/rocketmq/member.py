@@ -94,6 +94,9 @@ class MemberLoop:
         # poll; the new owner waits for that and for a round of heartbeats (the member
         # may learn of the change only then)
         self._ack_wait = interval / 4
+        # a hung broker must not hold up the rounds that keep the other brokers' view
+        # (and this member's share) current: its heartbeat waits at most an interval
+        self._round_timeout = min(request_timeout, max(interval, 0.5))
         self._handover = Handover(client_id, grace=interval * 1.5)
         self._masters: dict[str, str] = {}  # broker name -> master address, from the route
         self._addrs: dict[str, str] = {}  # every broker address seen (commits on let-go)
@@ -201,6 +204,7 @@ class MemberLoop:
                 self._call(
                     addr,
                     heartbeat_request(self.client_id, self.group, self.topic, self._sub_version),
+                    self._round_timeout,
                 )
                 for addr in masters.values()
             ),
@@ -228,7 +232,9 @@ class MemberLoop:
         asks the same broker first, so all see the same list when the brokers agree."""
         for name in sorted(masters):
             try:
-                answer = await self._call(masters[name], consumer_list_request(self.group))
+                answer = await self._call(
+                    masters[name], consumer_list_request(self.group), self._round_timeout
+                )
             except RemotingError as exc:
                 log.debug("consumer %s: member list from %s failed: %s", self.client_id, name, exc)
                 continue
