@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 from ._cli_args import CliError
+from ._config import DEFAULT_HOST
 from ._extras import missing_server_extra
 
 __all__ = ["cmd_broker", "cmd_demo", "cmd_dev", "cmd_namesrv"]
@@ -20,7 +21,8 @@ log = logging.getLogger("qclient.cli")
 
 
 def _run_server(coro: Any) -> None:
-    """Run a server coroutine on uvloop when it is installed (measured: docs/decisions/0001-http-stack-aiohttp-uvloop.md)."""
+    """Run a server coroutine on uvloop when it is installed (measured:
+    docs/decisions/0001-http-stack-aiohttp-uvloop.md)."""
     try:
         import uvloop
     except ImportError:
@@ -135,13 +137,23 @@ def cmd_dev(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    cluster = LocalCluster(
-        brokers=args.brokers,
-        data_dir=args.data_dir,
-        namesrv_port=args.port,
-        host=args.host,
-        heartbeat_interval=args.heartbeat_interval,
-    )
+    if args.engine == "rocketmq":
+        if args.host != DEFAULT_HOST:
+            raise CliError("the rocketmq engine's processes bind 127.0.0.1 only")
+        cluster: Any = LocalCluster(
+            brokers=args.brokers,
+            data_dir=args.data_dir,
+            engine="rocketmq",
+            namesrv_port=args.port,
+        )
+    else:
+        cluster = LocalCluster(
+            brokers=args.brokers,
+            data_dir=args.data_dir,
+            namesrv_port=args.port,
+            host=args.host,
+            heartbeat_interval=args.heartbeat_interval,
+        )
     with cluster:
         print(f"namesrv={cluster.namesrv}", flush=True)
         for b in cluster.brokers:
@@ -149,7 +161,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
         print(f"data in {cluster.data_dir}; Ctrl-C to stop", file=sys.stderr, flush=True)
         while not stop:
             time.sleep(0.2)
-            for node in [*cluster.namesrv_nodes, *cluster.brokers]:
+            for node in [cluster.namesrv_node, *cluster.brokers]:
                 if not node.running:
                     raise CliError(f"{node.role} {node.name} exited; see {node.log_path}")
     return 0

@@ -306,6 +306,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_broker)
 
     p = sub.add_parser("dev", help="run a name server and N brokers until Ctrl-C")
+    p.add_argument(
+        "--engine",
+        choices=("qclient", "rocketmq"),
+        default="qclient",
+        help="qclient's own brokers, or Apache RocketMQ 5 JVMs (fetched by make setup)",
+    )
     p.add_argument("--brokers", type=int, default=2)
     p.add_argument("--data-dir")
     p.add_argument("--host", default=DEFAULT_HOST)
