@@ -24,7 +24,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from ....cluster import ClusterError
+from ....errors import ClusterError
 from ..codes import RequestCode, ResponseCode
 from ..remoting import request
 from ..route import RouteParseError, parse_route
@@ -78,6 +78,7 @@ class RocketMQCluster:
         namesrv_options: Mapping[str, Any] | None = None,
         cluster_name: str = "DefaultCluster",
         startup_timeout: float = 90.0,
+        namesrv_port: int = 0,
     ) -> None:
         if replicas != 1:
             raise ClusterError(
@@ -90,6 +91,8 @@ class RocketMQCluster:
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="qclient-rocketmq-"))
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.cluster_name = cluster_name
+        #: the NameServer's port (0: a free one)
+        self._namesrv_port = namesrv_port
         self.startup_timeout = startup_timeout
         self._broker_options = dict(broker_options or {})
         self._namesrv_options = dict(namesrv_options or {})
@@ -160,7 +163,7 @@ class RocketMQCluster:
     def _configure(self, node: JvmNode) -> None:
         """Pick free ports for ``node`` and write its files."""
         if node is self.namesrv_node:
-            props = namesrv_config(free_port(), self._namesrv_options)
+            props = namesrv_config(self._namesrv_port or free_port(), self._namesrv_options)
         else:
             port, ha_port = broker_ports()
             props = broker_config(

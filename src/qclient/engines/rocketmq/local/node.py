@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from ....cluster import ClusterError
+from ....errors import ClusterError
 from ..remoting import FrameDecoder, RemotingCommand, encode
 from .runtime import LOOPBACK, JvmSpec, die_with_parent, jvm_argv, write_logback, write_properties
 

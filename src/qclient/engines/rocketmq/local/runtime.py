@@ -27,7 +27,7 @@ from typing import Any
 
 import qclient
 
-from ....cluster import ClusterError
+from ....errors import ClusterError
 
 __all__ = [
     "BROKER_MAIN",
