@@ -73,6 +73,19 @@ def _conf(node: JvmNode) -> dict[str, str]:
     return dict(line.split("=", 1) for line in lines if "=" in line)
 
 
+def _unapplied(node: JvmNode) -> list[str]:
+    """The keys of the node's properties its log does not echo: RocketMQ ignores an unknown
+    key silently; a broker echoes every key it applied at boot (BrokerIdentity's
+    brokerClusterName/brokerName/brokerId excepted: the boot line shows those)."""
+    log = node.log_path.read_text(errors="replace")
+    identity = {"brokerClusterName", "brokerName", "brokerId"}
+    return [
+        f"{k}={v}"
+        for k, v in _conf(node).items()
+        if k not in identity and f" - {k}={v}\n" not in log
+    ]
+
+
 # --- the shared cluster ---------------------------------------------------------------
 
 
@@ -92,16 +105,9 @@ def test_namesrv_routes_tbw102_to_both_brokers_on_loopback(cluster: RocketMQClus
 
 
 def test_every_broker_applied_every_key_it_was_given(cluster: RocketMQCluster) -> None:
-    """RocketMQ ignores an unknown key silently; a broker echoes every key it applied at
-    boot (brokerClusterName/brokerName/brokerId excepted: those show in its boot line)."""
     for b in cluster.brokers:
+        assert not _unapplied(b), f"{b.name} did not apply them"
         log = b.log_path.read_text(errors="replace")
-        conf = _conf(b)
-        identity = {"brokerClusterName", "brokerName", "brokerId"}
-        missing = [
-            f"{k}={v}" for k, v in conf.items() if k not in identity and f" - {k}={v}\n" not in log
-        ]
-        assert not missing, f"{b.name} did not apply {missing}"
         assert f"The broker[{b.name}, {b.addr}] boot success" in log
 
 
@@ -256,6 +262,36 @@ def test_missing_java_is_one_line_naming_the_fix(monkeypatch: pytest.MonkeyPatch
     assert "\n" not in str(err.value)
 
 
-def test_replicas_above_one_is_a_clear_error() -> None:
-    with pytest.raises(ClusterError, match="replicas=2"):
-        RocketMQCluster(brokers=1, replicas=2)
+def test_replicas_elect_a_new_master_when_the_master_is_killed() -> None:
+    with RocketMQCluster(brokers=1, replicas=2) as c:
+        group = c.replicas["broker-a"]
+        assert [n.name for n in group] == ["broker-a-0", "broker-a-1"]
+        master = c.broker("broker-a")
+        (slave,) = [n for n in group if n is not master]
+        route = c.route(DEFAULT_TOPIC)["broker-a"]
+        assert route[0] == master.addr
+        assert slave.addr in [addr for i, addr in route.items() if i != 0]
+        assert c.sync_state()["broker-a"] == (master.addr, {master.addr, slave.addr})
+        for node in group:
+            assert not _unapplied(node), f"{node.name} did not apply them"
+        assert c.namesrv_node.pid is not None  # its controller too: loopback only
+        assert {ip for ip, _ in _listening(c.namesrv_node.pid)} == {"127.0.0.1"}
+
+        master.kill()
+        _until(
+            lambda: c.route(DEFAULT_TOPIC).get("broker-a", {}).get(0) == slave.addr,
+            30,
+            "the controller to elect the slave",
+        )
+        assert c.brokers == [slave]
+        c.create_topic("replicas-t1")  # on the new master
+        master.start(timeout=120)  # it comes back as a slave
+        c.wait_in_sync(60)
+        route = c.route(DEFAULT_TOPIC)["broker-a"]
+        assert route[0] == slave.addr
+        assert master.addr in route.values()
+
+
+def test_replicas_outside_1_to_9_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match=r"replicas must be 1\.\.9, got 0"):
+        RocketMQCluster(brokers=1, replicas=0)

@@ -9,10 +9,17 @@ Readiness is what a client needs, not a sleep: a NameServer is ready when it has
 its boot line and accepts connections; a broker when it has logged its boot line, accepts
 connections, and the NameServer routes ``TBW102`` (the default topic every master
 registers) to it under broker id 0 at the address it was given.
+
+With ``replicas`` > 1 each broker name is a group of replicas in controller mode (RIP-44):
+the controller runs inside the NameServer, picks each group's master (routed as id 0; the
+others as slaves under their own ids) and elects another when it dies. The cluster is
+ready when every group has a routed master and every replica is in its SyncStateSet (an
+election only picks from that set).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -35,6 +42,8 @@ from .runtime import (
     JvmSpec,
     broker_config,
     broker_ports,
+    controller_broker_options,
+    controller_namesrv_options,
     find_java,
     find_lib,
     free_port,
@@ -51,18 +60,21 @@ _NAMESRV_JVM = JvmSpec(heap_mb=128, direct_mb=64)
 _BROKER_JVM = JvmSpec(heap_mb=256, direct_mb=256)
 _PORT_TAKEN = "Address already in use"
 _PORT_ATTEMPTS = 3
+#: RequestCode.CONTROLLER_GET_SYNC_STATE_DATA: body a JSON list of broker names
+_GET_SYNC_STATE_DATA = 1006
 
 
 # --- the cluster ----------------------------------------------------------------------
 
 
 class RocketMQCluster:
-    """A NameServer and ``brokers`` lone masters (broker-a, broker-b, ...) as JVMs; a
-    context manager that stops them all, also after an exception.
+    """A NameServer and ``brokers`` brokers (broker-a, broker-b, ...) as JVMs; a context
+    manager that stops them all, also after an exception.
 
+    ``replicas`` is the number of JVMs per broker name: 1, lone masters (node names
+    broker-a, ...); more, controller-mode groups (nodes broker-a-0, broker-a-1, ...).
     ``broker_options`` / ``namesrv_options`` add or override properties of every broker /
-    the NameServer (see ``runtime.broker_config`` for the defaults). ``replicas`` > 1
-    (controller-mode groups, RIP-44) is not supported yet.
+    the NameServer (see ``runtime.broker_config`` for the defaults).
     """
 
     #: the engine its processes are (``LocalCluster.engine``)
@@ -80,11 +92,8 @@ class RocketMQCluster:
         startup_timeout: float = 90.0,
         namesrv_port: int = 0,
     ) -> None:
-        if replicas != 1:
-            raise ClusterError(
-                f"replicas={replicas}: only replicas=1 (lone masters) is supported; "
-                "controller-mode groups (RIP-44) are not implemented yet"
-            )
+        if not 1 <= replicas <= 9:
+            raise ValueError(f"replicas must be 1..9, got {replicas}")
         if brokers < 0 or brokers > 26:
             raise ValueError(f"brokers must be 0..26, got {brokers}")
         self._own_dir = data_dir is None
@@ -98,22 +107,27 @@ class RocketMQCluster:
         self._namesrv_options = dict(namesrv_options or {})
         self._java = ""
         self._lib = Path()
+        self._replicas = replicas
+        #: the controller (``127.0.0.1:PORT``) with replicas > 1, set by start()
+        self.controller_addr: str | None = None
         self.namesrv_node = JvmNode(
             "namesrv", "namesrv", NAMESRV_MAIN, self.data_dir / "namesrv", _NAMESRV_JVM
         )
-        self.brokers: list[JvmNode] = []
+        #: broker name -> its JVMs (one each with replicas=1)
+        self.replicas: dict[str, list[JvmNode]] = {}
         for i in range(brokers):
-            name = f"broker-{chr(ord('a') + i)}"
-            node = JvmNode(name, "broker", BROKER_MAIN, self.data_dir / name, _BROKER_JVM)
-            node.ready_check = self._routed_check(node)
-            self.brokers.append(node)
-        #: broker name -> its replicas, master first (one each with replicas=1)
-        self.replicas: dict[str, list[JvmNode]] = {b.name: [b] for b in self.brokers}
+            group = f"broker-{chr(ord('a') + i)}"
+            names = [group] if replicas == 1 else [f"{group}-{r}" for r in range(replicas)]
+            nodes = [
+                JvmNode(n, "broker", BROKER_MAIN, self.data_dir / n, _BROKER_JVM, group)
+                for n in names
+            ]
+            for node in nodes:
+                node.ready_check = self._routed_check(node)
+            self.replicas[group] = nodes
 
     def __repr__(self) -> str:
-        return (
-            f"<RocketMQCluster namesrv={self.namesrv!r} brokers={[b.name for b in self.brokers]}>"
-        )
+        return f"<RocketMQCluster namesrv={self.namesrv!r} brokers={list(self.replicas)}>"
 
     # --- addresses ------------------------------------------------------------------
 
@@ -127,11 +141,29 @@ class RocketMQCluster:
         """``rocketmq://127.0.0.1:PORT``, the address qclient takes."""
         return f"rocketmq://{self.namesrv_addr}"
 
+    @property
+    def brokers(self) -> list[JvmNode]:
+        """The masters, one per broker name. With replicas > 1 each is the replica the
+        NameServer routes as id 0 now (asked on every call), or the group's first when it
+        routes none."""
+        if self._replicas == 1:
+            return [group[0] for group in self.replicas.values()]
+        route = self.route(DEFAULT_TOPIC) if self.namesrv_node.running else {}
+        masters = []
+        for name, group in self.replicas.items():
+            addr = route.get(name, {}).get(0)
+            masters.append(next((n for n in group if n.addr == addr), group[0]))
+        return masters
+
     def broker(self, name: str) -> JvmNode:
-        """The master named ``name`` (KeyError if none)."""
-        for b in self.brokers:
-            if b.name == name:
-                return b
+        """The master of broker ``name``, or the replica whose node name is ``name``
+        (KeyError if none)."""
+        if name in self.replicas:
+            return next(b for b in self.brokers if b.group == name)
+        for group in self.replicas.values():
+            for node in group:
+                if node.name == name:
+                    return node
         raise KeyError(name)
 
     @property
@@ -150,7 +182,9 @@ class RocketMQCluster:
         try:
             self._java, self._lib = find_java(), find_lib()
             self._start_nodes([self.namesrv_node])
-            self._start_nodes(self.brokers)
+            self._start_nodes([n for group in self.replicas.values() for n in group])
+            if self._replicas > 1:
+                self.wait_in_sync(self.startup_timeout)
         except BaseException as exc:
             spawned = any(n.process is not None for n in self.nodes)
             keep = isinstance(exc, ClusterError) and spawned and self._own_dir
@@ -163,17 +197,26 @@ class RocketMQCluster:
     def _configure(self, node: JvmNode) -> None:
         """Pick free ports for ``node`` and write its files."""
         if node is self.namesrv_node:
-            props = namesrv_config(self._namesrv_port or free_port(), self._namesrv_options)
+            options = dict(self._namesrv_options)
+            if self._replicas > 1:
+                ctl_port = free_port()
+                ctl = controller_namesrv_options(ctl_port, node.home / "controller")
+                options = ctl | options
+                self.controller_addr = f"{node.host}:{ctl_port}"
+            props = namesrv_config(self._namesrv_port or free_port(), options)
         else:
+            options = dict(self._broker_options)
+            if self.controller_addr is not None:
+                options = controller_broker_options(self.controller_addr) | options
             port, ha_port = broker_ports()
             props = broker_config(
-                name=node.name,
+                name=node.group,
                 cluster=self.cluster_name,
                 namesrv_addr=self.namesrv_addr,
                 port=port,
                 ha_port=ha_port,
                 store_dir=node.home / "store",
-                overrides=self._broker_options,
+                overrides=options,
             )
         node.configure(self._java, self._lib, props)
 
@@ -261,13 +304,63 @@ class RocketMQCluster:
         }
 
     def _routed_check(self, node: JvmNode) -> Callable[[], str | None]:
+        """A lone master is ready when routed as id 0, a replica when routed (its id is the
+        controller's choice)."""
+
         def check() -> str | None:
-            route = self.route(DEFAULT_TOPIC)
-            if route.get(node.name, {}).get(0) == node.addr:
+            addrs = self.route(DEFAULT_TOPIC).get(node.group, {})
+            if self._replicas == 1:
+                if addrs.get(0) == node.addr:
+                    return None
+                return f"{DEFAULT_TOPIC} routed to {node.addr} as id 0 (the NameServer: {addrs})"
+            if node.addr in addrs.values():
                 return None
-            return f"{DEFAULT_TOPIC} routed to {node.addr} as id 0 (the NameServer: {route})"
+            return f"{DEFAULT_TOPIC} routed to {node.addr} (the NameServer: {addrs})"
 
         return check
+
+    def sync_state(self) -> dict[str, tuple[str | None, set[str]]]:
+        """Broker name -> (master address, addresses in its SyncStateSet), as the
+        controller has them now ({} without a controller or on an error)."""
+        if self.controller_addr is None:
+            return {}
+        body = json.dumps(sorted(self.replicas)).encode()
+        try:
+            reply = call(self.controller_addr, request(_GET_SYNC_STATE_DATA, body=body))
+            table = json.loads(reply.body)["replicasInfoTable"] if reply.code == 0 else {}
+        except (OSError, ValueError, KeyError, TypeError):
+            return {}
+        return {
+            name: (
+                info.get("masterAddress"),
+                {r["brokerAddress"] for r in info.get("inSyncReplicas") or ()},
+            )
+            for name, info in table.items()
+        }
+
+    def wait_in_sync(self, timeout: float = 60.0) -> None:
+        """Wait until every broker name has a master routed as id 0 and every running
+        replica is in its SyncStateSet (so a master's death elects another); a no-op with
+        replicas=1."""
+        if self._replicas == 1:
+            return
+        deadline = time.monotonic() + timeout
+        while True:
+            state, route = self.sync_state(), self.route(DEFAULT_TOPIC)
+            lagging = {}
+            for name, group in self.replicas.items():
+                master, in_sync = state.get(name, (None, set()))
+                want = {n.addr for n in group if n.running}
+                if master is None or route.get(name, {}).get(0) != master or want - in_sync:
+                    lagging[name] = (master, sorted(in_sync), route.get(name, {}))
+            if not lagging:
+                return
+            if time.monotonic() >= deadline:
+                raise ClusterError(
+                    f"replicas not in sync after {timeout:.0f} s: broker -> (master, "
+                    f"SyncStateSet, route) {lagging}"
+                )
+            time.sleep(0.1)
 
     def wait_routed(
         self,
@@ -275,16 +368,17 @@ class RocketMQCluster:
         timeout: float = 30.0,
         brokers: Sequence[str] | None = None,
     ) -> None:
-        """Wait until the NameServer routes ``topic`` to each master (``brokers``, default
-        every running one) under id 0 at its address; ClusterError on timeout."""
+        """Wait until the NameServer routes ``topic`` under id 0 to a running JVM of each
+        broker name (``brokers``, default every one with a running JVM); ClusterError on
+        timeout."""
+        names = list(brokers) if brokers is not None else list(self.replicas)
+        want = {n: {r.addr for r in self.replicas[n] if r.running} for n in names}
         if brokers is None:
-            want = {b.name: b.addr for b in self.brokers if b.running}
-        else:
-            want = {name: self.broker(name).addr for name in brokers}
+            want = {n: addrs for n, addrs in want.items() if addrs}
         deadline = time.monotonic() + timeout
         while True:
             routed = self.route(topic)
-            missing = sorted(n for n, a in want.items() if routed.get(n, {}).get(0) != a)
+            missing = sorted(n for n, a in want.items() if routed.get(n, {}).get(0) not in a)
             if not missing:
                 return
             if time.monotonic() >= deadline:
@@ -307,7 +401,8 @@ class RocketMQCluster:
             "topicSysFlag": "0",
             "order": "false",
         }
-        for b in self.brokers:
+        masters = self.brokers
+        for b in masters:
             try:
                 reply = call(b.addr, request(RequestCode.UPDATE_AND_CREATE_TOPIC, dict(fields)))
             except OSError as exc:
@@ -319,4 +414,4 @@ class RocketMQCluster:
                     f"create topic {topic!r} on {b.name} ({b.addr}): code {reply.code} "
                     f"{reply.remark or ''}".rstrip()
                 )
-        self.wait_routed(topic, timeout, [b.name for b in self.brokers])
+        self.wait_routed(topic, timeout, [b.group for b in masters])

@@ -49,9 +49,13 @@ class JvmNode:
     """One NameServer or broker JVM, with the interface of ``qclient.cluster.NodeHandle``:
     ``.name``, ``.role``, ``.addr``, ``.pid``, ``.running``, ``.log_path`` and signals."""
 
-    def __init__(self, name: str, role: str, main: str, home: Path, spec: JvmSpec) -> None:
+    def __init__(
+        self, name: str, role: str, main: str, home: Path, spec: JvmSpec, group: str = ""
+    ) -> None:
         self.name = name
         self.role = role
+        #: a broker's brokerName (its replicas share it; the node's own name when alone)
+        self.group = group or name
         self.host = LOOPBACK
         self.port = 0
         self.home = home

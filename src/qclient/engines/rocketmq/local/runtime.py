@@ -40,6 +40,8 @@ __all__ = [
     "JvmSpec",
     "broker_config",
     "broker_ports",
+    "controller_broker_options",
+    "controller_namesrv_options",
     "die_with_parent",
     "find_java",
     "find_lib",
@@ -197,9 +199,8 @@ def broker_config(
     """A lone master's properties (classic mode, brokerId 0): loopback only, a small
     store, the timer wheel at 100 ms, recall on, every ack on disk.
 
-    A replicated group (controller mode, RIP-44) would start from the same keys and
-    override ``brokerId=-1``, ``brokerRole=SLAVE``, ``enableControllerMode=true``,
-    ``controllerAddr`` and ``allAckInSyncStateSet=true`` per replica.
+    A replica of a controller-mode group (RIP-44) starts from the same keys with
+    ``controller_broker_options`` over them.
     """
     props: dict[str, Any] = {
         "brokerClusterName": cluster,
@@ -241,6 +242,41 @@ def broker_config(
     }
     props.update(overrides or {})
     return props
+
+
+def controller_namesrv_options(port: int, store_dir: Path) -> dict[str, Any]:
+    """NameServer keys that embed a controller (RIP-44): one DLedger peer listening on
+    ``127.0.0.1:port``, the address brokers in controller mode take as ``controllerAddr``
+    (the controller answers there, not on the NameServer's port)."""
+    return {
+        "enableControllerInNamesrv": True,
+        "controllerDLegerGroup": "qclient",
+        "controllerDLegerPeers": f"n0-{LOOPBACK}:{port}",
+        "controllerDLegerSelfId": "n0",
+        "controllerStorePath": str(store_dir),
+        "mappedFileSize": 1 * _MiB,  # the controller's log files (default 1 GiB)
+    }
+
+
+def controller_broker_options(controller_addr: str) -> dict[str, Any]:
+    """Broker keys of a replica in controller mode (RIP-44): the controller picks the
+    master and assigns ids (brokerId and brokerRole here are placeholders it overrides);
+    a write is acknowledged once every replica in the SyncStateSet has it."""
+    return {
+        "enableControllerMode": True,
+        "controllerAddr": controller_addr,
+        "brokerId": -1,
+        "brokerRole": "SLAVE",
+        "allAckInSyncStateSet": True,
+        # a slave reports its offset every second and drops out of the SyncStateSet after
+        # 5 s behind (defaults 5 s and 15 s: a 15 s window of acks waiting on a dead slave;
+        # a heartbeat interval above the drop time would make the set flap)
+        "haSendHeartbeatInterval": 1000,
+        "haMaxTimeSlaveNotCatchup": 5000,
+        # how often the master checks and the brokers sync it (defaults 5 s)
+        "checkSyncStateSetPeriod": 1000,
+        "syncBrokerMetadataPeriod": 1000,
+    }
 
 
 _LOGBACK = """<?xml version="1.0" encoding="UTF-8"?>
