@@ -25,6 +25,7 @@ from qclient.engines.rocketmq.connection import Connection
 from qclient.engines.rocketmq.consumer import RocketMQConsumer
 from qclient.engines.rocketmq.local import RocketMQCluster
 from qclient.engines.rocketmq.remoting import request
+from qclient.errors import BatchSendError
 
 _MEMBER = Path(__file__).with_name("_consumer_member.py")
 _ROOT = Path(__file__).resolve().parents[3]
@@ -44,16 +45,38 @@ def wait_for(cond: Callable[[], bool], timeout: float, what: str) -> float:
     return time.monotonic() - start
 
 
-def send(cluster: RocketMQCluster, topic: str, n: int, prefix: str = "m") -> list[str]:
+def send(
+    cluster: RocketMQCluster,
+    topic: str,
+    n: int,
+    prefix: str = "m",
+    retried: set[str] | None = None,
+) -> list[str]:
     """``n`` immediate messages through qclient's Producer, in batches of 25 (a batch
-    goes to one queue: many batches spread over all 8); their ids."""
-    ids: list[str] = []
+    goes to one queue: many batches spread over all 8); their ids. Ids sent again after a
+    failed attempt (which may have stored them too) are added to ``retried``."""
+    ids = [uuid.uuid4().hex for _ in range(n)]
     with Producer(cluster.namesrv) as p:
         for lo in range(0, n, 25):
-            batch = [Message(topic, f"{prefix}-{i}") for i in range(lo, min(n, lo + 25))]
-            ids += [r.msg_id for r in p.send_batch(batch)]
-    assert len(set(ids)) == n
+            batch = [
+                Message(topic, f"{prefix}-{i}", msg_id=ids[i]) for i in range(lo, min(n, lo + 25))
+            ]
+            send_batch(p, batch, retried)
     return ids
+
+
+def send_batch(p: Producer, batch: list[Message], retried: set[str] | None = None) -> None:
+    """``p.send_batch(batch)`` (ids pinned), sending what was not acknowledged again (a
+    busy machine times sends out), at most 5 times; re-sent ids go to ``retried``."""
+    for _ in range(5):
+        try:
+            p.send_batch(batch)
+            return
+        except BatchSendError as exc:
+            batch = [batch[i] for i, _ in exc.failed]
+            if retried is not None:
+                retried.update(str(m.msg_id) for m in batch)
+    raise AssertionError(f"{len(batch)} messages not acknowledged after 5 attempts")
 
 
 class Member:
@@ -141,7 +164,7 @@ def send_delayed_while_polling(
     deliver: dict[str, int] = {}
     errors: list[BaseException] = []
 
-    def send() -> None:
+    def produce() -> None:
         try:
             with Producer(cluster.namesrv) as p:
                 for i, d in enumerate(delays):
@@ -151,7 +174,7 @@ def send_delayed_while_polling(
         except BaseException as exc:
             errors.append(exc)
 
-    sender = threading.Thread(target=send)
+    sender = threading.Thread(target=produce)
     sender.start()
     got: list[Any] = []
     deadline = time.monotonic() + 60

@@ -41,6 +41,7 @@ from ._consumer_helpers import (
     name,
     pct,
     send,
+    send_batch,
     send_batch_raw,
     send_delayed_while_polling,
     wait_for,
@@ -120,7 +121,8 @@ def test_three_members_share_8_queues_exactly_once(cluster: RocketMQCluster, spa
     for m in members:  # RocketMQ's AllocateMessageQueueAveragely over sorted ids
         assert m.held() == allocate_averagely(ALL_QUEUES, ids, m.client_id)
 
-    sent = send(cluster, topic, 3000)
+    retried: set[str] = set()
+    sent = send(cluster, topic, 3000, retried=retried)
     wait_for(
         lambda: sum(len(m.received()) for m in members) >= len(sent), 60, "3,000 messages read"
     )
@@ -128,7 +130,8 @@ def test_three_members_share_8_queues_exactly_once(cluster: RocketMQCluster, spa
         m.close()
     got = Counter(i for m in members for i in m.received())
     assert set(got) == set(sent), f"lost {len(set(sent) - set(got))}"
-    assert max(got.values()) == 1, f"{sum(v > 1 for v in got.values())} read twice"
+    twice = {i for i, v in got.items() if v > 1}
+    assert twice <= retried, f"{len(twice - retried)} read twice"  # a re-send may store twice
     assert all(m.received() for m in members)
 
 
@@ -163,7 +166,8 @@ def test_close_rebalances_at_once_without_duplicates(cluster: RocketMQCluster, s
     topic, group = _topic(cluster), name("g")
     members = [spawn(cluster, topic, group) for _ in range(2)]
     wait_for(lambda: _converged(members), 60, "2 members share the 8 queues")
-    sent = send(cluster, topic, 1000)
+    retried: set[str] = set()
+    sent = send(cluster, topic, 1000, retried=retried)
     leaver, stayer = members
     wait_for(lambda: len(leaver.received()) >= 50, 30, "the leaver read some")
     start = time.monotonic()
@@ -176,7 +180,8 @@ def test_close_rebalances_at_once_without_duplicates(cluster: RocketMQCluster, s
     stayer.close()
     got = Counter(leaver.received() + stayer.received())
     assert set(got) == set(sent)
-    assert max(got.values()) == 1, "a closed member commits what it returned"
+    twice = {i for i, v in got.items() if v > 1}
+    assert twice <= retried, "a closed member commits what it returned"
     assert leaver.stats is not None and leaver.stats["duplicates_dropped"] == 0
 
 
@@ -187,17 +192,18 @@ def test_member_joining_mid_stream_takes_its_share(cluster: RocketMQCluster, spa
     sent: list[str] = []
     errors: list[BaseException] = []
 
-    def send() -> None:  # 2,000 messages over ~4 s
+    def produce() -> None:  # 2,000 messages over ~4 s
         try:
             with Producer(cluster.namesrv) as p:
                 for lo in range(0, 2000, 25):
-                    batch = [Message(topic, f"j-{i}") for i in range(lo, lo + 25)]
-                    sent.extend(r.msg_id for r in p.send_batch(batch))
+                    batch = [Message(topic, f"j-{lo + i}", msg_id=name("j")) for i in range(25)]
+                    send_batch(p, batch)
+                    sent.extend(str(m.msg_id) for m in batch)
                     time.sleep(0.05)
         except BaseException as exc:
             errors.append(exc)
 
-    sender = threading.Thread(target=send)
+    sender = threading.Thread(target=produce)
     sender.start()
     try:
         wait_for(lambda: len(first.received()) >= 300, 30, "the first member read some")
@@ -371,12 +377,15 @@ def test_java_consumer_shares_the_group(cluster: RocketMQCluster) -> None:
             wait_for(lambda: len(c.members()) == 2, 30, "the Java consumer joins")
             share = allocate_averagely(ALL_QUEUES, c.members(), c.client_id)
             wait_for(lambda: c.assignment() == share, 10, "ours gives the Java one its share")
-            sent = set(send(cluster, topic, 400))
+            retried: set[str] = set()
+            sent = set(send(cluster, topic, 400, retried=retried))
             ours = [m.msg_id for m, _ in drain_some(c, sent, 20)]
         finally:
             peer.join(80)
     assert not errors, errors
     theirs = [m["uniqKey"] for m in java]
     assert ours and theirs
-    assert sorted(ours + theirs) == sorted(sent), "each message read by one member"
+    got = Counter(ours + theirs)
+    assert set(got) == sent
+    assert {i for i, v in got.items() if v > 1} <= retried, "each message read by one member"
     assert {(m["brokerName"], m["queueId"]) for m in java}.isdisjoint(share)
