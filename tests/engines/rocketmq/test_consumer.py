@@ -27,12 +27,11 @@ import pytest
 from benchmarks._rocketmq_java import java_peer_available, run_consume
 
 from qclient import Message, Producer
-from qclient.cluster import ClusterError
 from qclient.consumer import allocate_averagely
 from qclient.engines.rocketmq.consumer import RocketMQConsumer
 from qclient.engines.rocketmq.local import RocketMQCluster
 from qclient.engines.rocketmq.local.runtime import find_java, find_lib
-from qclient.errors import ConsumerClosedError, NameServerUnavailableError
+from qclient.errors import ClusterError, ConsumerClosedError, NameServerUnavailableError
 
 from ._consumer_helpers import (
     Member,
