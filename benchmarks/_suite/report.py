@@ -14,6 +14,7 @@ from benchmarks._suite.values import fmt as _fmt
 log = logging.getLogger(__name__)
 
 __all__ = [
+    "engines_table",
     "flatten",
     "peers_table",
     "rebalance_table",
@@ -185,6 +186,12 @@ def declared_targets(result: Mapping[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def engines_table(rows: list[dict[str, Any]]) -> str:
+    """engines_bench's figures, one row each, one column per engine."""
+    engines = [k for k in rows[0] if k != "name"] if rows else []
+    return _table(["figure", *engines], [[r["name"], *(r.get(e) for e in engines)] for r in rows])
+
+
 def targets_table(results: Mapping[str, Any]) -> str | None:
     """Every scenario's declared targets, met or not."""
     rows = []
@@ -289,6 +296,18 @@ def write_report(results: Mapping[str, Any], out_dir: Path) -> Path:
             "recorded as committed (an upper bound).",
             "",
             rebalance_table(rebalance["phases"]),
+            "",
+        ]
+    engines = scen.get("engines_bench", {}).get("result") or {}
+    if engines.get("side_by_side"):
+        md += [
+            "## Engines side by side",
+            "",
+            "One workload on qclient's brokers and on Apache RocketMQ 5.5.0 "
+            f"({engines.get('brokers_per_engine')} broker(s) each, 100 B bodies, the same "
+            "counts; engines_bench). Floor = a bare request to one broker without the SDK.",
+            "",
+            engines_table(engines["side_by_side"]),
             "",
         ]
     tt = targets_table(results)

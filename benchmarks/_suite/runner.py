@@ -70,6 +70,7 @@ SCENARIOS: list[Scenario] = [
     Scenario("fsync_bench", "benchmarks.fsync_bench", 180, smoke=False),
     Scenario("consume_bench", "benchmarks.consume_bench", 900),  # 3 interleaved rounds per rate
     Scenario("rebalance_bench", "benchmarks.rebalance_bench", 600),
+    Scenario("engines_bench", "benchmarks.engines_bench", 900, smoke_timeout_s=120),
     Scenario("peers", "benchmarks.peers", 1200, smoke_timeout_s=120),
 ]
 
