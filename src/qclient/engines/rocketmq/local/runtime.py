@@ -323,7 +323,6 @@ class JvmSpec:
 #: certificate at start (seconds of RSA key generation) for a TLS nobody uses here.
 #: The add-opens: RocketMQ's reflection into the JDK (buffers, hessian in the controller).
 _COMMON_FLAGS = (
-    "-server",
     "-XX:+UseSerialGC",
     "-Djava.net.preferIPv4Stack=true",
     "-Dtls.server.mode=disabled",
@@ -350,6 +349,7 @@ def jvm_argv(
     (RocketMQ keeps ``~/store``, ``~/namesrv`` and ``~/logs`` defaults under them)."""
     return [
         java,
+        "-server",
         f"-Xms{spec.heap_mb}m",
         f"-Xmx{spec.heap_mb}m",
         f"-XX:MaxDirectMemorySize={spec.direct_mb}m",
