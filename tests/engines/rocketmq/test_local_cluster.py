@@ -128,7 +128,9 @@ def test_every_jvm_listens_on_loopback_only_but_the_ha_port(cluster: RocketMQClu
     strict=True,
     reason="RocketMQ 5.5.0's HA acceptor binds the wildcard address "
     "(DefaultHAService.AcceptSocketService: new InetSocketAddress(haListenPort)); no config "
-    "key moves it, only an HAService of our own on the classpath would",
+    "key moves it, only Java code of ours would (an HAService named in "
+    "META-INF/service/org.apache.rocketmq.store.ha.HAService for lone masters; controller "
+    "mode creates its AutoSwitchHAService directly: a messageStorePlugIn swapping it)",
 )
 def test_the_ha_acceptor_listens_on_loopback(cluster: RocketMQCluster) -> None:
     for b in cluster.brokers:
