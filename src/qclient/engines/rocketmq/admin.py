@@ -11,7 +11,7 @@ from .connection import ConnectionPool, RemotingError
 from .remoting import request
 from .route import ClusterInfo, parse_cluster_info
 
-__all__ = ["cluster_info", "create_topic"]
+__all__ = ["cluster_info", "create_topic", "topic_fields"]
 
 #: PermName.PERM_READ | PERM_WRITE
 _PERM_READ_WRITE = 6
@@ -33,6 +33,20 @@ def cluster_info(pool: ConnectionPool, namesrv: Sequence[str], timeout: float = 
     raise NameServerUnavailableError(f"cluster info: no NameServer answered ({'; '.join(errors)})")
 
 
+def topic_fields(topic: str, queues: int) -> dict[str, str]:
+    """The UPDATE_AND_CREATE_TOPIC fields of a read-write topic with ``queues`` queues."""
+    return {
+        "topic": topic,
+        "defaultTopic": "TBW102",
+        "readQueueNums": str(queues),
+        "writeQueueNums": str(queues),
+        "perm": str(_PERM_READ_WRITE),
+        "topicFilterType": "SINGLE_TAG",
+        "topicSysFlag": "0",
+        "order": "false",
+    }
+
+
 def create_topic(
     pool: ConnectionPool,
     namesrv: Sequence[str],
@@ -47,16 +61,7 @@ def create_topic(
     masters = cluster_info(pool, namesrv, timeout).masters()
     if not masters:
         raise NameServerUnavailableError("no broker is registered with the NameServers")
-    fields = {
-        "topic": topic,
-        "defaultTopic": "TBW102",
-        "readQueueNums": str(queues),
-        "writeQueueNums": str(queues),
-        "perm": str(_PERM_READ_WRITE),
-        "topicFilterType": "SINGLE_TAG",
-        "topicSysFlag": "0",
-        "order": "false",
-    }
+    fields = topic_fields(topic, queues)
     for name, addr in sorted(masters.items()):
         try:
             answer = pool.get(addr).call(

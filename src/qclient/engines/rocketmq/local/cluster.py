@@ -32,6 +32,7 @@ from types import TracebackType
 from typing import Any
 
 from ....errors import ClusterError
+from ..admin import topic_fields
 from ..codes import RequestCode, ResponseCode
 from ..remoting import request
 from ..route import RouteParseError, parse_route
@@ -391,16 +392,7 @@ class RocketMQCluster:
     def create_topic(self, topic: str, queues: int = 4, timeout: float = 30.0) -> None:
         """Create (or update) ``topic`` with ``queues`` read and write queues on every
         master (UPDATE_AND_CREATE_TOPIC), then wait until the NameServer routes it."""
-        fields = {
-            "topic": topic,
-            "defaultTopic": DEFAULT_TOPIC,
-            "readQueueNums": str(queues),
-            "writeQueueNums": str(queues),
-            "perm": "6",  # PermName.PERM_READ | PERM_WRITE
-            "topicFilterType": "SINGLE_TAG",
-            "topicSysFlag": "0",
-            "order": "false",
-        }
+        fields = topic_fields(topic, queues)
         masters = self.brokers
         for b in masters:
             try:

@@ -28,6 +28,7 @@ from typing import Any
 import qclient
 
 from ....errors import ClusterError
+from ... import ROCKETMQ_TIMER_MAX_DELAY_SEC
 
 __all__ = [
     "BROKER_MAIN",
@@ -60,9 +61,9 @@ LIB_ENV = "QCLIENT_ROCKETMQ_LIB"
 SETUP_HINT = "run `make setup` (needs java 17+ and mvn)"
 #: every RocketMQ process binds and advertises this address only
 LOOPBACK = "127.0.0.1"
-#: the longest timer delay the brokers accept (``timerMaxDelaySec``, 3 days); a longer
-#: one is refused with MESSAGE_ILLEGAL
-TIMER_MAX_DELAY_SEC = 259_200
+#: the longest timer delay the brokers accept (``timerMaxDelaySec``): the SDK's default
+#: bound on this engine, so what it checks before sending and what the brokers enforce agree
+TIMER_MAX_DELAY_SEC = ROCKETMQ_TIMER_MAX_DELAY_SEC
 #: the timer wheel's slot (``timerPrecisionMs``: the broker accepts 100, 200, 500, 1000)
 TIMER_PRECISION_MS = 100
 _MIN_JAVA = 17
