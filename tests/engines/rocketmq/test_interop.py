@@ -118,7 +118,7 @@ def _assert_stored_zlib(offset_msg_id: str, topic: str, body: bytes) -> None:
     """The broker stores ``body`` zlib-compressed, flagged as RocketMQ's Java client flags it."""
     sys_flag, stored = _stored(offset_msg_id, topic)
     assert sys_flag & msg.SysFlag.COMPRESSED, hex(sys_flag)
-    # compression type in bits 8-10: 0 (before 5.x) or 3 both mean zlib
+    # compression type in bits 8-10: 3, or 0 from clients older than 5.x, means zlib
     assert (sys_flag & msg.SysFlag.COMPRESSION_MASK) >> 8 in (0, 3), hex(sys_flag)
     assert len(stored) < len(body) and zlib.decompress(stored) == body
 
@@ -198,9 +198,13 @@ def _send_every_way(producer: Producer, topic: str) -> list[_Sent]:
 
 
 def test_java_consumer_reads_what_qclient_sent(cluster: RocketMQCluster) -> None:
+    """Every way qclient sends, every body kind: RocketMQ's Java consumer reads each message
+    once and whole, with qclient's id, deliver time and compression, none before its time."""
     topic = _topic(cluster, "interop-q2j")
     expected = 3 + 3 + 6 + 27
-    # the Java consumer starts while qclient sends, so it is reading when the timers fire
+    # The Java consumer starts while qclient sends. Its JVM may come up only after the
+    # timers fired, so the proof of "not early" is storeTimestamp: when the timer put the
+    # message into its queue, the earliest any consumer could read it.
     with (
         _java_consuming(cluster, topic, expected, timeout_s=40) as java,
         Producer(cluster.namesrv, linger_ms=2) as producer,
@@ -222,7 +226,7 @@ def test_java_consumer_reads_what_qclient_sent(cluster: RocketMQCluster) -> None
         assert (m["topic"], m["keys"], m["tags"]) == (topic, s.key, s.tags), where
         assert props["UNIQ_KEY"] == s.result.msg_id, where
         assert (props["a"], props["b"]) == ("1", "x y"), where
-        # one clock (one machine): read, and stored into its queue, not before its time
+        # one clock (one machine): stored into its queue, and read, not before its time
         assert m["receivedMs"] >= s.result.deliver_at_ms, where
         assert m["storeTimestamp"] >= s.result.deliver_at_ms, where
         if s.delayed:
@@ -250,6 +254,8 @@ def test_java_consumer_reads_what_qclient_sent(cluster: RocketMQCluster) -> None
 
 
 def test_qclient_reads_what_java_sent(cluster: RocketMQCluster) -> None:
+    """RocketMQ's Java producer (tags, keys, properties, timer messages, a compressed body):
+    qclient's Consumer reads each once and whole, with Java's ids, none before its time."""
     topic = _topic(cluster, "interop-j2q")
     addr = cluster.namesrv_addr
     big_text = "java-big-{i} " + "z0123456789 " * 500
@@ -309,6 +315,8 @@ def test_qclient_reads_what_java_sent(cluster: RocketMQCluster) -> None:
 
 
 def test_batched_timer_messages_never_reach_java_early(cluster: RocketMQCluster) -> None:
+    """500 timer messages (1-2 s) and 50 immediates in one send_batch: not one reaches its
+    queue, or the Java consumer, before its deliver time."""
     topic = _topic(cluster, "interop-burst")
     rng = random.Random(11)
     n_delayed, n_now = 500, 50
