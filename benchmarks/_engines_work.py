@@ -262,8 +262,10 @@ def lateness(
     """``rate x seconds`` messages due evenly at ``rate``/s (all sent before the first is
     due: the lead is the send time at ``send_msgs_per_s``, x1.5, + 2 s), one group
     ``Consumer`` polling. Fire lateness = ``fired_at_ms - deliver_at_ms``; receive lateness
-    = wall time when ``poll`` returned - ``deliver_at_ms``. The brokers' CPU and RSS from
-    the first due time to the last message received. Returns the figures and the samples."""
+    = wall time when ``poll`` returned - ``deliver_at_ms``; after fire = when ``poll``
+    returned - ``fired_at_ms`` (the pull path, and the consumer's hold of what fired
+    ahead). The brokers' CPU and RSS from the first due time to the last message
+    received. Returns the figures and the samples."""
     total = max(BATCH, int(rate * seconds))
     lead_s = total / max(1.0, send_msgs_per_s) * 1.5 + 2.0
     queues = QUEUES * len(broker_pids)
@@ -279,6 +281,7 @@ def lateness(
         time.sleep(max(0.0, (first - _now_ms()) / 1000 - 0.2))
         fire: list[float] = []
         recv: list[float] = []
+        pulled: list[float] = []  # poll return - fired_at: the pull path and the hold
         ids: Counter[str] = Counter()
         until = last + 15_000
         with _harness_heap_frozen(), StealMeter() as steal, BrokerMeter(broker_pids) as meter:
@@ -291,10 +294,12 @@ def lateness(
                         continue
                     recv.append(now - m.deliver_at_ms)
                     fire.append(m.fired_at_ms - m.deliver_at_ms)
+                    pulled.append(now - m.fired_at_ms)
                     ids[m.msg_id] += 1
             client_cpu = time.process_time() - cpu0
     fire.sort()
     recv.sort()
+    pulled.sort()
     res: dict[str, Any] = {
         "due_rate_msgs_per_s": rate,
         "messages": total,
@@ -310,6 +315,8 @@ def lateness(
         "receive_p50_ms": round(pct(recv, 0.5), 1),
         "receive_p99_ms": round(pct(recv, 0.99), 1),
         "receive_max_ms": round(recv[-1], 1) if recv else None,
+        "after_fire_p50_ms": round(pct(pulled, 0.5), 1),
+        "after_fire_p99_ms": round(pct(pulled, 0.99), 1),
         "consumer_cpu_us_per_msg": round(client_cpu / max(1, len(recv)) * 1e6, 1),
         "broker": meter.result,
         "steal_pct": steal.pct,

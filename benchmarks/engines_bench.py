@@ -25,8 +25,8 @@ in ``--smoke``), the same 100 B bodies, the same counts, the same code
 
 Goals (RocketMQ): the SDK adds <= 50 us CPU per message over the bare request, and its
 one-call p50 <= 1.3x the bare round trip's. Without java or the RocketMQ jars the RocketMQ
-side is ``skipped`` with the reason. ``--profile`` adds a cProfile of the RocketMQ one-call
-loop (stderr).
+side is ``skipped`` with the reason. ``--profile`` adds, on stderr, each engine's one-call
+loop's CPU per message by thread and a cProfile of the caller's thread by CPU time.
 
     python -m benchmarks.engines_bench [--json] [--smoke] [--engines qclient,rocketmq]
 """
@@ -34,12 +34,9 @@ loop (stderr).
 from __future__ import annotations
 
 import argparse
-import cProfile
-import io
 import json
 import logging
 import os
-import pstats
 import signal
 import statistics
 import sys
@@ -48,6 +45,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+from benchmarks._engines_profile import profile_one_call
 from benchmarks._engines_work import (
     QUEUES,
     lateness,
@@ -104,19 +102,6 @@ def _paired(rounds: list[tuple[dict[str, Any], dict[str, Any]]]) -> dict[str, An
     return out
 
 
-def _profile(p: Producer, n: int) -> str:
-    """The top of a cProfile of ``n`` one-thread ``send_delayed`` calls, by own time."""
-    prof = cProfile.Profile()
-    prof.enable()
-    one_thread(p, n, 60.0)
-    prof.disable()
-    text = io.StringIO()
-    stats = pstats.Stats(prof, stream=text)
-    stats.sort_stats("tottime").print_stats(30)
-    stats.sort_stats("cumulative").print_stats(30)
-    return text.getvalue()
-
-
 def run_engine(engine: str, brokers: int, a: argparse.Namespace) -> dict[str, Any]:
     """Every phase on one engine's cluster (started and stopped here)."""
     secs, n1 = a.seconds, a.calls
@@ -152,8 +137,8 @@ def run_engine(engine: str, brokers: int, a: argparse.Namespace) -> dict[str, An
             res["one_call"] = _median([s for _, s in rounds])
             res.update(_paired(rounds))
             res["rounds_p50_ms"] = [[f["p50_ms"], s["p50_ms"]] for f, s in rounds]
-            if a.profile and engine == "rocketmq":
-                print(_profile(p, n1), file=sys.stderr)
+            if a.profile:
+                print(f"--- {engine}: {profile_one_call(p, n1)}", file=sys.stderr)
             res["threads64"] = many_threads(p, 64, a.threads_calls, secs)
             res["send_async"] = send_async_rate(p, a.bulk, secs)
             res["send_batch256"] = send_batch_rate(p, a.bulk, secs)
@@ -189,6 +174,8 @@ ROWS: list[tuple[str, str]] = [
     ("fire lateness p99 ms", "lateness.fire_p99_ms"),
     ("receive lateness p50 ms", "lateness.receive_p50_ms"),
     ("receive lateness p99 ms", "lateness.receive_p99_ms"),
+    ("poll return - fired_at p50 ms", "lateness.after_fire_p50_ms"),
+    ("poll return - fired_at p99 ms", "lateness.after_fire_p99_ms"),
     ("lost / early / duplicates", "lateness.lost,lateness.early,lateness.duplicates"),
     ("brokers' CPU % of a core", "lateness.broker.cpu_pct_of_core"),
     ("brokers' peak RSS MB", "lateness.broker.rss_mb"),
@@ -263,7 +250,7 @@ def main() -> None:
     ap.add_argument("--rate", type=int, default=5000, help="due msgs/s of the lateness phase")
     ap.add_argument("--due-seconds", type=float, default=3.0)
     ap.add_argument("--seconds", type=float, default=8.0, help="time bound of each phase")
-    ap.add_argument("--profile", action="store_true", help="cProfile the RocketMQ loop")
+    ap.add_argument("--profile", action="store_true", help="profile the one-call loops")
     a = ap.parse_args()
     if a.smoke:
         a.brokers, a.rounds, a.warmup_rounds = 1, 1, 0
