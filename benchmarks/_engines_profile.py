@@ -1,7 +1,9 @@
 """Where the SDK's CPU per ``send_delayed`` goes (``engines_bench --profile``): this
 process's CPU per message split by thread (the caller's, the connection reader's, the
-rest), then a cProfile of the caller's thread by its own CPU time (``time.thread_time``:
-waits cost nothing, so what is left is work)."""
+rest); on RocketMQ also the bare request through the SDK's ``Connection.call`` (its reader
+thread, no producer), between the bare socket loop and ``send_delayed``; then a cProfile
+of the caller's thread by its own CPU time (``time.thread_time``: waits cost nothing, so
+what is left is work)."""
 
 from __future__ import annotations
 
@@ -10,11 +12,15 @@ import io
 import pstats
 import threading
 import time
+import uuid
+from collections.abc import Callable
 
 import psutil
 
-from benchmarks.one_call_bench import one_thread
+from benchmarks._engines_work import bare_request
+from benchmarks.one_call_bench import one_thread, pct
 from qclient import Producer
+from qclient.engines.rocketmq.connection import Connection
 
 __all__ = ["profile_one_call"]
 
@@ -24,12 +30,12 @@ def _thread_cpu() -> dict[int, float]:
     return {t.id: t.user_time + t.system_time for t in psutil.Process().threads()}
 
 
-def thread_split(p: Producer, n: int) -> dict[str, float]:
-    """CPU us per ``send_delayed`` of each thread of this process over an ``n``-call loop
-    (no profiler), by thread name; ``total`` is the process's."""
+def thread_split(loop: Callable[[], int]) -> dict[str, float]:
+    """CPU us per call of each thread of this process over ``loop()`` (which returns how
+    many calls it made; no profiler), by thread name; ``total`` is the process's."""
     names = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
     before, cpu0 = _thread_cpu(), time.process_time()
-    calls = one_thread(p, n, 60.0)["calls"] + 50  # its warm-up calls count too
+    calls = loop()
     after, cpu = _thread_cpu(), time.process_time() - cpu0
     names.update({t.native_id: t.name for t in threading.enumerate() if t.native_id})
     split: dict[str, float] = {}
@@ -43,16 +49,43 @@ def thread_split(p: Producer, n: int) -> dict[str, float]:
     return split
 
 
-def profile_one_call(p: Producer, n: int) -> str:
-    """The thread split, then the top of a cProfile of ``n`` one-thread ``send_delayed``
-    calls on the caller's thread by own CPU time, and by cumulative CPU time."""
-    split = thread_split(p, n)
+def connection_split(addr: str, broker_name: str, n: int) -> str:
+    """The thread split and round trip of ``n`` bare requests through ``Connection.call``
+    (after 50 warm-up calls), as one line."""
+    lat: list[float] = []
+    prefix = uuid.uuid4().hex[:24]
+    with Connection(addr) as conn:  # open across the split: an ended thread's CPU is gone
+        for i in range(50):
+            conn.call(bare_request(prefix, i, broker_name), 10.0)
+
+        def loop() -> int:
+            for i in range(50, 50 + n):
+                t = time.perf_counter()
+                conn.call(bare_request(prefix, i, broker_name), 10.0)
+                lat.append((time.perf_counter() - t) * 1000)
+            return n
+
+        split = thread_split(loop)
+    return (
+        f"bare request via Connection.call, CPU us per call by thread: {split}; "
+        f"p50 {pct(lat, 0.5):.3f} ms, p99 {pct(lat, 0.99):.3f} ms\n"
+    )
+
+
+def profile_one_call(p: Producer, n: int, rocketmq_broker: tuple[str, str] | None) -> str:
+    """The thread split of ``send_delayed`` (and on RocketMQ, ``rocketmq_broker`` =
+    (address, name), of the bare request through ``Connection.call``), then the top of
+    a cProfile of ``n`` one-thread ``send_delayed`` calls on the caller's thread by own
+    CPU time, and by cumulative CPU time."""
+    text = io.StringIO()
+    if rocketmq_broker is not None:
+        text.write(connection_split(*rocketmq_broker, n))
+    split = thread_split(lambda: int(one_thread(p, n, 60.0)["calls"]) + 50)  # + its warm-up
+    text.write(f"send_delayed, CPU us per call by thread: {split}\n")
     prof = cProfile.Profile(time.thread_time)
     prof.enable()
     one_thread(p, n, 60.0)
     prof.disable()
-    text = io.StringIO()
-    text.write(f"CPU us per send_delayed by thread: {split}\n")
     stats = pstats.Stats(prof, stream=text)
     stats.sort_stats("tottime").print_stats(30)
     stats.sort_stats("cumulative").print_stats(40)

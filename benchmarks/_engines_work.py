@@ -29,10 +29,11 @@ from qclient.engines.rocketmq import message as rmsg
 from qclient.engines.rocketmq.codes import RequestCode, ResponseCode
 from qclient.engines.rocketmq.connection import parse_addr
 from qclient.engines.rocketmq.engine import PRODUCER_GROUP
-from qclient.engines.rocketmq.remoting import FrameDecoder, encode, request
+from qclient.engines.rocketmq.remoting import FrameDecoder, RemotingCommand, encode, request
 
 __all__ = [
     "BrokerMeter",
+    "bare_request",
     "lateness",
     "rocketmq_bare",
     "send_async_rate",
@@ -41,6 +42,7 @@ __all__ = [
 
 _SEND_V2 = int(RequestCode.SEND_MESSAGE_V2)
 _SUCCESS = int(ResponseCode.SUCCESS)
+_DELAY_MS = int(DELAY_S * 1000)
 #: queues per broker of every topic the bench creates
 QUEUES = 4
 #: messages per ``send_batch`` call
@@ -56,6 +58,30 @@ def _now_ms() -> float:
 # --- the RocketMQ floor: one bare SEND_MESSAGE_V2 per round trip -------------------------
 
 
+def bare_request(prefix: str, i: int, broker_name: str) -> RemotingCommand:
+    """The ``SEND_MESSAGE_V2`` of ``send_delayed(TOPIC, BODY, delay=DELAY_S)``: UNIQ_KEY
+    ``prefix`` (24 hex chars) + ``i`` (12), WAIT, TIMER_DELIVER_MS; queue ``i % 4``."""
+    now = time.time_ns() // 1_000_000
+    props = rmsg.encode_properties(
+        {
+            rmsg.UNIQ_KEY: f"{prefix}{i:012X}",
+            rmsg.WAIT: "true",
+            rmsg.TIMER_DELIVER_MS: str(now + _DELAY_MS),
+        }
+    )
+    header = rmsg.send_header(
+        group=PRODUCER_GROUP,
+        topic=TOPIC,
+        queue_id=i % QUEUES,
+        sys_flag=0,
+        born_ms=now,
+        flag=0,
+        properties=props,
+        broker_name=broker_name,
+    )
+    return request(_SEND_V2, header, BODY)
+
+
 def rocketmq_bare(
     addr: str, broker_name: str, pid: int, n: int, seconds: float
 ) -> dict[str, float]:
@@ -65,31 +91,12 @@ def rocketmq_bare(
     with ``FrameDecoder``. No reader thread, no opaque matching, no routes, no retries.
     Round trip p50/p99, this process's CPU and the broker's (psutil) per request."""
     prefix = uuid.uuid4().hex[:24]
-    delay_ms = int(DELAY_S * 1000)
     sock = socket.create_connection(parse_addr(addr), timeout=10)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     dec = FrameDecoder()
 
     def one(i: int) -> None:
-        now = time.time_ns() // 1_000_000
-        props = rmsg.encode_properties(
-            {
-                rmsg.UNIQ_KEY: f"{prefix}{i:012X}",
-                rmsg.WAIT: "true",
-                rmsg.TIMER_DELIVER_MS: str(now + delay_ms),
-            }
-        )
-        header = rmsg.send_header(
-            group=PRODUCER_GROUP,
-            topic=TOPIC,
-            queue_id=i % QUEUES,
-            sys_flag=0,
-            born_ms=now,
-            flag=0,
-            properties=props,
-            broker_name=broker_name,
-        )
-        sock.sendall(encode(request(_SEND_V2, header, BODY)))
+        sock.sendall(encode(bare_request(prefix, i, broker_name)))
         while True:
             data = sock.recv(65536)
             if not data:

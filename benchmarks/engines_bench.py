@@ -138,7 +138,8 @@ def run_engine(engine: str, brokers: int, a: argparse.Namespace) -> dict[str, An
             res.update(_paired(rounds))
             res["rounds_p50_ms"] = [[f["p50_ms"], s["p50_ms"]] for f, s in rounds]
             if a.profile:
-                print(f"--- {engine}: {profile_one_call(p, n1)}", file=sys.stderr)
+                rmq = (b0.addr, b0.name) if engine == "rocketmq" else None
+                print(f"--- {engine}: {profile_one_call(p, n1, rmq)}", file=sys.stderr)
             res["threads64"] = many_threads(p, 64, a.threads_calls, secs)
             res["send_async"] = send_async_rate(p, a.bulk, secs)
             res["send_batch256"] = send_batch_rate(p, a.bulk, secs)
