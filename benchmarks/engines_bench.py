@@ -16,8 +16,10 @@ in ``--smoke``), the same 100 B bodies, the same counts, the same code
   send path first), and each figure is its median round: the host is shared, so both
   sides see the same minutes; the SDK's added CPU and its p50 over the floor's are
   taken per round, then the median;
-- 64 threads sharing one ``Producer``; ``send_async`` (flush at the end); ``send_batch``
-  of 256 ``Message`` objects;
+- the brokers' CPU with no client for ``--idle-seconds`` (it is in every per-request
+  figure of theirs);
+- 64 threads sharing one ``Producer`` (with the brokers' CPU meanwhile); ``send_async``
+  (flush at the end); ``send_batch`` of 256 ``Message`` objects;
 - lateness: ``--rate`` msgs/s coming due for ``--due-seconds`` (all sent before the first
   is due), one group ``Consumer`` polling: fire lateness (``fired_at_ms - deliver_at_ms``)
   and receive lateness (``poll`` return - ``deliver_at_ms``) p50/p99; the brokers' CPU
@@ -48,6 +50,7 @@ from typing import Any
 from benchmarks._engines_profile import profile_one_call
 from benchmarks._engines_work import (
     QUEUES,
+    BrokerMeter,
     lateness,
     rocketmq_bare,
     send_async_rate,
@@ -140,10 +143,16 @@ def run_engine(engine: str, brokers: int, a: argparse.Namespace) -> dict[str, An
             if a.profile:
                 rmq = (b0.addr, b0.name) if engine == "rocketmq" else None
                 print(f"--- {engine}: {profile_one_call(p, n1, rmq)}", file=sys.stderr)
-            res["threads64"] = many_threads(p, 64, a.threads_calls, secs)
+            pids = [b.pid for b in cluster.brokers if b.pid is not None]
+            # what the brokers burn with no client: part of every per-request figure
+            with BrokerMeter(pids) as idle:
+                time.sleep(a.idle_seconds)
+            res["brokers_idle"] = idle.result
+            with BrokerMeter(pids) as busy:
+                res["threads64"] = many_threads(p, 64, a.threads_calls, secs)
+            res["threads64"]["brokers_cpu_pct_of_core"] = busy.result["cpu_pct_of_core"]
             res["send_async"] = send_async_rate(p, a.bulk, secs)
             res["send_batch256"] = send_batch_rate(p, a.bulk, secs)
-            pids = [b.pid for b in cluster.brokers if b.pid is not None]
             rate_in = res["send_batch256"]["msgs_per_s"]
             lat, samples = lateness(
                 p, cluster.namesrv, LAT_TOPIC, pids, a.rate, a.due_seconds, rate_in
@@ -169,6 +178,8 @@ ROWS: list[tuple[str, str]] = [
     ("64 threads msgs/s", "threads64.msgs_per_s"),
     ("64 threads p50 ms", "threads64.p50_ms"),
     ("64 threads p99 ms", "threads64.p99_ms"),
+    ("64 threads SDK CPU us/msg", "threads64.client_cpu_us_per_call"),
+    ("64 threads brokers' CPU % of a core", "threads64.brokers_cpu_pct_of_core"),
     ("send_async msgs/s", "send_async.msgs_per_s"),
     ("send_batch(256) msgs/s", "send_batch256.msgs_per_s"),
     ("fire lateness p50 ms", "lateness.fire_p50_ms"),
@@ -178,8 +189,9 @@ ROWS: list[tuple[str, str]] = [
     ("poll return - fired_at p50 ms", "lateness.after_fire_p50_ms"),
     ("poll return - fired_at p99 ms", "lateness.after_fire_p99_ms"),
     ("lost / early / duplicates", "lateness.lost,lateness.early,lateness.duplicates"),
-    ("brokers' CPU % of a core", "lateness.broker.cpu_pct_of_core"),
-    ("brokers' peak RSS MB", "lateness.broker.rss_mb"),
+    ("firing: brokers' CPU % of a core", "lateness.broker.cpu_pct_of_core"),
+    ("firing: brokers' peak RSS MB", "lateness.broker.rss_mb"),
+    ("idle: brokers' CPU % of a core", "brokers_idle.cpu_pct_of_core"),
     ("load avg 1 min (start, end)", "loadavg_1m_start,loadavg_1m_end"),
 ]
 
@@ -251,12 +263,13 @@ def main() -> None:
     ap.add_argument("--rate", type=int, default=5000, help="due msgs/s of the lateness phase")
     ap.add_argument("--due-seconds", type=float, default=3.0)
     ap.add_argument("--seconds", type=float, default=8.0, help="time bound of each phase")
+    ap.add_argument("--idle-seconds", type=float, default=3.0, help="brokers' idle CPU window")
     ap.add_argument("--profile", action="store_true", help="profile the one-call loops")
     a = ap.parse_args()
     if a.smoke:
         a.brokers, a.rounds, a.warmup_rounds = 1, 1, 0
         a.calls, a.threads_calls, a.bulk = 100, 320, 512
-        a.rate, a.due_seconds, a.seconds = 1000, 0.5, 3.0
+        a.rate, a.due_seconds, a.seconds, a.idle_seconds = 1000, 0.5, 3.0, 0.5
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     # the runner stops a scenario with SIGTERM: leave the with-blocks, so clusters stop
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
