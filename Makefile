@@ -84,3 +84,20 @@ $(RMQ_DIR)/lib/$(RMQ_STAMP):
 	else echo "make: no mvn or java on PATH, skipping the RocketMQ jars (RocketMQCluster needs them)"; fi
 
 setup: rocketmq-jars
+
+## rocketmq-ha-loopback: the jar that has each RocketMQ broker's HA acceptor listen on its
+## brokerIP2 (127.0.0.1) rather than every interface (tools/rocketmq/ha-loopback, put on the
+## brokers' classpath by RocketMQCluster). Compiled against tools/rocketmq/lib, so rebuilt when
+## those jars are fetched again, or when its pom or a source is newer (the jar is its own
+## stamp). Without mvn or java: a one-line notice; RocketMQCluster then warns and runs without.
+RMQ_HA_DIR := $(RMQ_DIR)/ha-loopback
+RMQ_HA_JAR := $(RMQ_HA_DIR)/target/qclient-rocketmq-ha-loopback.jar
+.PHONY: rocketmq-ha-loopback
+rocketmq-ha-loopback: $(RMQ_HA_JAR)
+
+$(RMQ_HA_JAR): $(RMQ_DIR)/lib/$(RMQ_STAMP) $(RMQ_HA_DIR)/pom.xml $(shell find $(RMQ_HA_DIR)/src -type f 2>/dev/null)
+	@if command -v mvn >/dev/null && command -v java >/dev/null; then \
+	  (cd $(RMQ_HA_DIR) && { mvn -q -B -o package || mvn -q -B package; }) && touch $@; \
+	else echo "make: no mvn or java on PATH, skipping the RocketMQ HA loopback jar"; fi
+
+setup: rocketmq-ha-loopback
