@@ -24,7 +24,13 @@ from qclient.cluster import ClusterError
 from qclient.engines.rocketmq.codes import RequestCode
 from qclient.engines.rocketmq.local import DEFAULT_TOPIC, SETUP_HINT, RocketMQCluster
 from qclient.engines.rocketmq.local.node import JvmNode, call
-from qclient.engines.rocketmq.local.runtime import LIB_ENV, find_java, find_lib
+from qclient.engines.rocketmq.local.runtime import (
+    HA_PLUGIN,
+    LIB_ENV,
+    find_ha_jar,
+    find_java,
+    find_lib,
+)
 from qclient.engines.rocketmq.remoting import request
 
 
@@ -73,6 +79,28 @@ def _conf(node: JvmNode) -> dict[str, str]:
     return dict(line.split("=", 1) for line in lines if "=" in line)
 
 
+def _listening_by_node(c: RocketMQCluster) -> dict[str, list[tuple[str, int]]]:
+    """Node name -> the sockets its JVM listens on, for every running JVM of ``c``."""
+    return {n.name: sorted(_listening(n.pid)) for n in c.nodes if n.running and n.pid}
+
+
+def _loopback_only(c: RocketMQCluster) -> dict[str, list[tuple[str, int]]]:
+    """What ``_listening_by_node`` must be: the NameServer on its port (and the controller's),
+    each broker on its port, its fast port (port - 2) and its HA port; 127.0.0.1 all."""
+    want = {}
+    for n in c.nodes:
+        if not (n.running and n.pid):
+            continue
+        if n.role == "namesrv":
+            ports = [n.port]
+            if c.controller_addr is not None:
+                ports.append(int(c.controller_addr.rsplit(":", 1)[1]))
+        else:
+            ports = [n.port - 2, n.port, int(_conf(n)["haListenPort"])]
+        want[n.name] = sorted(("127.0.0.1", p) for p in ports)
+    return want
+
+
 def _unapplied(node: JvmNode) -> list[str]:
     """The keys of the node's properties its log does not echo: RocketMQ ignores an unknown
     key silently; a broker echoes every key it applied at boot (BrokerIdentity's
@@ -111,32 +139,18 @@ def test_every_broker_applied_every_key_it_was_given(cluster: RocketMQCluster) -
         assert f"The broker[{b.name}, {b.addr}] boot success" in log
 
 
-def test_every_jvm_listens_on_loopback_only_but_the_ha_port(cluster: RocketMQCluster) -> None:
-    """Every listening socket is on 127.0.0.1: the NameServer's port, each broker's port
-    and its fast port (port - 2); the HA acceptor is the one exception (next test)."""
-    ns = cluster.namesrv_node
-    assert ns.pid is not None
-    assert _listening(ns.pid) == [("127.0.0.1", ns.port)]
+def test_every_jvm_listens_on_loopback_only(cluster: RocketMQCluster) -> None:
+    """Every listening socket is on 127.0.0.1, the HA acceptor's too: RocketMQ 5.5.0 binds that
+    one to every interface, the HA jar on each broker's classpath binds it to brokerIP2."""
+    jar = find_ha_jar()
+    assert jar is not None, "the HA jar is not built: make rocketmq-ha-loopback"
+    assert _listening_by_node(cluster) == _loopback_only(cluster)
     for b in cluster.brokers:
-        assert b.pid is not None
-        ha_port = int(_conf(b)["haListenPort"])
-        rest = sorted(s for s in _listening(b.pid) if s[1] != ha_port)
-        assert rest == [("127.0.0.1", b.port - 2), ("127.0.0.1", b.port)]
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="RocketMQ 5.5.0's HA acceptor binds the wildcard address "
-    "(DefaultHAService.AcceptSocketService: new InetSocketAddress(haListenPort)); no config "
-    "key moves it, only Java code of ours would (an HAService named in "
-    "META-INF/service/org.apache.rocketmq.store.ha.HAService for lone masters; controller "
-    "mode creates its AutoSwitchHAService directly: a messageStorePlugIn swapping it)",
-)
-def test_the_ha_acceptor_listens_on_loopback(cluster: RocketMQCluster) -> None:
-    for b in cluster.brokers:
-        assert b.pid is not None
-        ha_port = int(_conf(b)["haListenPort"])
-        assert [s for s in _listening(b.pid) if s[1] == ha_port] == [("127.0.0.1", ha_port)]
+        classpath = b.argv[b.argv.index("-cp") + 1]
+        assert classpath.endswith(f"{os.pathsep}{jar}")
+        assert "messageStorePlugIn" not in _conf(b)  # a lone master needs no plugin
+    namesrv_argv = cluster.namesrv_node.argv
+    assert str(jar) not in namesrv_argv[namesrv_argv.index("-cp") + 1]
 
 
 def test_create_topic_then_routed_to_every_master(cluster: RocketMQCluster) -> None:
@@ -276,8 +290,10 @@ def test_replicas_elect_a_new_master_when_the_master_is_killed() -> None:
         assert c.sync_state()["broker-a"] == (master.addr, {master.addr, slave.addr})
         for node in group:
             assert not _unapplied(node), f"{node.name} did not apply them"
-        assert c.namesrv_node.pid is not None  # its controller too: loopback only
-        assert {ip for ip, _ in _listening(c.namesrv_node.pid)} == {"127.0.0.1"}
+            assert _conf(node)["messageStorePlugIn"] == HA_PLUGIN  # binds the HA port
+        # the controller and every replica's HA acceptor too: the slave replicates through
+        # the master's, on 127.0.0.1
+        assert _listening_by_node(c) == _loopback_only(c)
 
         master.kill()
         _until(
@@ -292,6 +308,7 @@ def test_replicas_elect_a_new_master_when_the_master_is_killed() -> None:
         route = c.route(DEFAULT_TOPIC)["broker-a"]
         assert route[0] == slave.addr
         assert master.addr in route.values()
+        assert _listening_by_node(c) == _loopback_only(c)
 
 
 def test_replicas_outside_1_to_9_is_a_clear_error() -> None:

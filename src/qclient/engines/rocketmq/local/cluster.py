@@ -39,12 +39,14 @@ from ..route import RouteParseError, parse_route
 from .node import JvmNode, call
 from .runtime import (
     BROKER_MAIN,
+    HA_PLUGIN,
     NAMESRV_MAIN,
     JvmSpec,
     broker_config,
     broker_ports,
     controller_broker_options,
     controller_namesrv_options,
+    find_ha_jar,
     find_java,
     find_lib,
     free_port,
@@ -58,7 +60,6 @@ log = logging.getLogger(__name__)
 #: the topic every master registers at boot, whose route auto-created topics copy
 DEFAULT_TOPIC = "TBW102"
 _NAMESRV_JVM = JvmSpec(heap_mb=128, direct_mb=64)
-_BROKER_JVM = JvmSpec(heap_mb=256, direct_mb=256)
 _PORT_TAKEN = "Address already in use"
 _PORT_ATTEMPTS = 3
 #: RequestCode.CONTROLLER_GET_SYNC_STATE_DATA: body a JSON list of broker names
@@ -109,6 +110,8 @@ class RocketMQCluster:
         self._java = ""
         self._lib = Path()
         self._replicas = replicas
+        #: the brokers' JVMs, this cluster's own: start() adds the HA jar to its classpath
+        self._broker_jvm = JvmSpec(heap_mb=256, direct_mb=256)
         #: the controller (``127.0.0.1:PORT``) with replicas > 1, set by start()
         self.controller_addr: str | None = None
         self.namesrv_node = JvmNode(
@@ -120,7 +123,7 @@ class RocketMQCluster:
             group = f"broker-{chr(ord('a') + i)}"
             names = [group] if replicas == 1 else [f"{group}-{r}" for r in range(replicas)]
             nodes = [
-                JvmNode(n, "broker", BROKER_MAIN, self.data_dir / n, _BROKER_JVM, group)
+                JvmNode(n, "broker", BROKER_MAIN, self.data_dir / n, self._broker_jvm, group)
                 for n in names
             ]
             for node in nodes:
@@ -182,6 +185,7 @@ class RocketMQCluster:
         """
         try:
             self._java, self._lib = find_java(), find_lib()
+            self._broker_jvm.classpath = self._ha_classpath()
             self._start_nodes([self.namesrv_node])
             self._start_nodes([n for group in self.replicas.values() for n in group])
             if self._replicas > 1:
@@ -194,6 +198,17 @@ class RocketMQCluster:
                 log.warning("RocketMQ cluster failed to start; its logs are in %s", self.data_dir)
             raise
         return self
+
+    def _ha_classpath(self) -> tuple[Path, ...]:
+        """The HA jar, which binds each broker's HA acceptor to brokerIP2, 127.0.0.1 (5.5.0
+        binds it to every interface); without it () and one warning: the brokers still work."""
+        jar = find_ha_jar()
+        if jar is None and self.replicas:
+            log.warning(
+                "RocketMQ HA jar not built (make rocketmq-ha-loopback): the brokers' HA port "
+                "listens on every interface, not 127.0.0.1 only"
+            )
+        return (jar,) if jar is not None and self.replicas else ()
 
     def _configure(self, node: JvmNode) -> None:
         """Pick free ports for ``node`` and write its files."""
@@ -209,6 +224,8 @@ class RocketMQCluster:
             options = dict(self._broker_options)
             if self.controller_addr is not None:
                 options = controller_broker_options(self.controller_addr) | options
+                if self._broker_jvm.classpath:  # the HA jar: controller mode needs its plugin
+                    options = {"messageStorePlugIn": HA_PLUGIN} | options
             port, ha_port = broker_ports()
             props = broker_config(
                 name=node.group,

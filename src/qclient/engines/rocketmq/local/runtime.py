@@ -32,6 +32,8 @@ from ... import ROCKETMQ_TIMER_MAX_DELAY_SEC
 
 __all__ = [
     "BROKER_MAIN",
+    "HA_JAR",
+    "HA_PLUGIN",
     "LIB_ENV",
     "LOOPBACK",
     "NAMESRV_MAIN",
@@ -44,6 +46,7 @@ __all__ = [
     "controller_broker_options",
     "controller_namesrv_options",
     "die_with_parent",
+    "find_ha_jar",
     "find_java",
     "find_lib",
     "free_port",
@@ -59,6 +62,12 @@ BROKER_MAIN = "org.apache.rocketmq.broker.BrokerStartup"
 #: where the jars are when set; else ``<repo>/tools/rocketmq/lib`` next to the package
 LIB_ENV = "QCLIENT_ROCKETMQ_LIB"
 SETUP_HINT = "run `make setup` (needs java 17+ and mvn)"
+#: RocketMQ 5.5.0 brokers bind their HA acceptor to the wildcard address, whatever the config
+#: says; this jar (tools/rocketmq/ha-loopback, `make rocketmq-ha-loopback`) on a broker's
+#: classpath binds it to brokerIP2: by itself for a lone master (its HAService is loaded from
+#: META-INF/service), with HA_PLUGIN as messageStorePlugIn in controller mode
+HA_JAR = "qclient-rocketmq-ha-loopback.jar"
+HA_PLUGIN = "io.qclient.rocketmq.ha.BrokerIp2HAPlugin"
 #: every RocketMQ process binds and advertises this address only
 LOOPBACK = "127.0.0.1"
 #: the longest timer delay the brokers accept (``timerMaxDelaySec``): the SDK's default
@@ -117,6 +126,13 @@ def find_lib() -> Path:
     if not all(any(lib.glob(f"rocketmq-{m}-*.jar")) for m in ("namesrv", "broker")):
         raise ClusterError(f"no Apache RocketMQ jars in {lib}: {SETUP_HINT}")
     return lib
+
+
+def find_ha_jar() -> Path | None:
+    """The HA jar (``HA_JAR``) built in the checkout qclient is installed from, or None."""
+    root = Path(qclient.__file__).resolve().parents[2]  # an editable install
+    jar = root / "tools" / "rocketmq" / "ha-loopback" / "target" / HA_JAR
+    return jar if jar.is_file() else None
 
 
 # --- ports ----------------------------------------------------------------------------
@@ -307,14 +323,22 @@ def write_logback(path: Path, log_file: Path) -> None:
 
 
 class JvmSpec:
-    """Heap sizes and extra flags of one kind of node."""
+    """Heap sizes, extra flags and extra classpath entries (after the RocketMQ jars) of one
+    kind of node."""
 
-    __slots__ = ("direct_mb", "extra", "heap_mb")
+    __slots__ = ("classpath", "direct_mb", "extra", "heap_mb")
 
-    def __init__(self, heap_mb: int, direct_mb: int, extra: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        heap_mb: int,
+        direct_mb: int,
+        extra: Sequence[str] = (),
+        classpath: Sequence[Path] = (),
+    ) -> None:
         self.heap_mb = heap_mb
         self.direct_mb = direct_mb
         self.extra = tuple(extra)
+        self.classpath = tuple(classpath)
 
 
 #: The flags every node runs with. SerialGC: on this 2-core machine it started the
@@ -360,7 +384,7 @@ def jvm_argv(
         f"-Drmq.logback.configurationFile={logback}",
         *spec.extra,
         "-cp",
-        f"{lib}{os.sep}*",
+        os.pathsep.join([f"{lib}{os.sep}*", *map(str, spec.classpath)]),
         main,
         "-c",
         str(conf),
