@@ -1,6 +1,7 @@
 """The SDK's promises on both engines, one test body each: qclient's own name server and
 delay brokers, and real Apache RocketMQ 5 NameServers and brokers (JVMs from the jars
-``make setup`` fetched). Each engine's cluster (2 brokers) starts once for the module."""
+``make setup`` fetched). Each engine's cluster (2 brokers) starts once for the module;
+RocketMQ's is the test worker's, shared with the other modules of xdist group "rocketmq"."""
 
 from __future__ import annotations
 
@@ -18,13 +19,17 @@ from qclient.errors import InvalidMessageError, MessageTooLargeError, QClientErr
 
 from .helpers import drain, now_ms, wait_until
 
-pytestmark = [pytest.mark.timeout(240), pytest.mark.xdist_group("engines")]
+pytestmark = [pytest.mark.timeout(240), pytest.mark.xdist_group("rocketmq")]
 
 ENGINES = ["qclient", "rocketmq"]
 
 
 @pytest.fixture(scope="module", params=ENGINES)
 def cluster(request: pytest.FixtureRequest):
+    if request.param == "rocketmq":
+        # the session's (tests/conftest.py): these tests stop no broker
+        yield request.getfixturevalue("rocketmq_cluster")
+        return
     with LocalCluster(brokers=2, engine=request.param) as c:
         yield c
 

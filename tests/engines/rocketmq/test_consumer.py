@@ -60,7 +60,7 @@ _WHY = _why_not()
 # CI installs the jars in `make setup`: there a missing JVM or jar is a failure, not a skip.
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.xdist_group("rocketmq_consumer"),
+    pytest.mark.xdist_group("rocketmq"),
     pytest.mark.skipif(_WHY is not None and not os.environ.get("CI"), reason=str(_WHY)),
 ]
 
@@ -68,9 +68,9 @@ QUEUES = 4  # per broker: 8 in all
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[RocketMQCluster]:
-    with RocketMQCluster(brokers=2) as c:
-        yield c
+def cluster(rocketmq_cluster: RocketMQCluster) -> RocketMQCluster:
+    """The session's RocketMQ cluster (tests/conftest.py): brokers are never stopped here."""
+    return rocketmq_cluster
 
 
 def _topic(cluster: RocketMQCluster, prefix: str = "tc") -> str:

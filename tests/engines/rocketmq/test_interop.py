@@ -36,7 +36,7 @@ from typing import Any
 import pytest
 from benchmarks._rocketmq_java import java_peer_available, run_consume, run_produce
 
-from qclient import Consumer, LocalCluster, Message, Producer, SendResult
+from qclient import Consumer, Message, Producer, SendResult
 from qclient.engines.rocketmq import message as msg
 from qclient.engines.rocketmq.codes import RequestCode, ResponseCode
 from qclient.engines.rocketmq.connection import Connection
@@ -48,7 +48,7 @@ _WHY = java_peer_available()
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.timeout(240),
-    pytest.mark.xdist_group("rocketmq_interop"),
+    pytest.mark.xdist_group("rocketmq"),
     pytest.mark.skipif(_WHY is not None and not os.environ.get("CI"), reason=str(_WHY)),
 ]
 
@@ -69,11 +69,10 @@ def _now_ms() -> int:
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[RocketMQCluster]:
-    """A real NameServer and broker-a, broker-b for the module, stopped after it."""
-    with LocalCluster(brokers=2, engine="rocketmq") as c:
-        assert isinstance(c, RocketMQCluster)
-        yield c
+def cluster(rocketmq_cluster: RocketMQCluster) -> RocketMQCluster:
+    """The session's RocketMQ cluster (tests/conftest.py): broker-a and broker-b."""
+    assert isinstance(rocketmq_cluster, RocketMQCluster)
+    return rocketmq_cluster
 
 
 def _topic(cluster: RocketMQCluster, prefix: str) -> str:
