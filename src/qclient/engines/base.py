@@ -99,6 +99,8 @@ class Engine(ABC):
     name: str = ""
     #: cancel, lookup and reschedule by id (and so the clean-up of ambiguous copies)
     lifecycle: bool = True
+    #: the most messages one call carries (``batch_max_messages`` may ask for fewer)
+    max_call_messages: int = 1 << 30
 
     # --- messages ------------------------------------------------------------------
 

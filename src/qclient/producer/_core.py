@@ -99,6 +99,8 @@ class ProducerCore:
         self.content_type = ENCODINGS[cfg.encoding]
         #: turns the plan's calls into requests on the engine's wire, and answers back
         self.engine = create_engine(cfg.engine, cfg.encoding)
+        #: messages in one call: the caller's batch size, or less if the engine needs it
+        self.max_chunk = min(cfg.batch_max_messages, self.engine.max_call_messages)
         # The retry policy: 1 + retry_times attempts inside one send_timeout budget,
         # jittered exponential pauses (a few ms: the next attempt goes to another broker).
         self.retrying = tenacity.Retrying(
@@ -206,7 +208,7 @@ class ProducerCore:
             deadline = time.monotonic() + self.cfg.send_timeout
         # The first attempt runs without the retry machinery: most sends need no retry.
         first_attempt = time.monotonic()
-        if one_chunk:
+        if one_chunk and len(items) <= self.max_chunk:
             first = items[0].queue
             assert first is not None
             addr = items[0].info.broker_addrs[first.broker_name]
@@ -310,7 +312,7 @@ class ProducerCore:
             else:
                 group.append(it)
         calls = []
-        max_n, max_bytes = self.cfg.batch_max_messages, self.cfg.batch_max_bytes
+        max_n, max_bytes = self.max_chunk, self.cfg.batch_max_bytes
         for broker, group in groups.items():
             addr = group[0].info.broker_addrs[broker]
             chunk: list[Item] = []
