@@ -24,7 +24,8 @@ __all__ = ["DEADLINE_SKEW_MS", "attempt_deadline_ms", "expired", "refuse_after_m
 #: refuses only requests that reach it in the last (skew - 100 ms) of their attempt: a
 #: definite refusal, retried elsewhere, never a loss. A larger margin would let a paused
 #: broker store more requests nobody waits for any longer (extra copies): in the chaos
-#: soak, 2.3 such copies per pause at 500 ms against 0.9 at 100 ms (docs/decisions/0014-send-deadline.md).
+#: soak, 2.3 such copies per pause at 500 ms against 0.9 at 100 ms
+#: (docs/decisions/0014-send-deadline.md).
 DEADLINE_SKEW_MS = 100
 
 

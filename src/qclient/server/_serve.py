@@ -4,7 +4,8 @@
 It does only what the two servers need -- keep-alive, HTTP/1.0 and ``Connection: close``,
 pipelined requests answered in order, chunked request bodies, a request size limit
 answered before the body is read, header limits, an idle timeout, a graceful stop -- and
-so costs a fraction of aiohttp's web stack per request (measured: docs/decisions/0005-servers-http-layer-httptools.md).
+so costs a fraction of aiohttp's web stack per request (measured:
+docs/decisions/0005-servers-http-layer-httptools.md).
 Handlers run as tasks, one at a time per connection; a handler that waits (a long poll)
 holds up only its own connection. A route with a direct handler
 (:meth:`Application.add_direct`) is answered without a Request object, a task or the
