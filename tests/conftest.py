@@ -24,10 +24,10 @@ def shared_cluster() -> Iterator[LocalCluster]:
         yield cluster
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def rocketmq_cluster() -> Iterator[LocalCluster]:
-    """One real RocketMQ NameServer and two brokers per test worker, started on first use,
-    for the modules of xdist group "rocketmq" (so one worker starts it once): they use
-    topics and groups of their own, and none stops, kills or pauses a broker."""
+    """A real RocketMQ NameServer and two brokers for a module whose tests stop, kill and
+    pause no broker. Module-scoped on purpose: an idle RocketMQ broker takes a sixth of a
+    core (its timer and store services wake every few ms), so none may outlive its module."""
     with LocalCluster(brokers=2, engine="rocketmq") as cluster:
         yield cluster

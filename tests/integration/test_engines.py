@@ -1,7 +1,6 @@
 """The SDK's promises on both engines, one test body each: qclient's own name server and
 delay brokers, and real Apache RocketMQ 5 NameServers and brokers (JVMs from the jars
-``make setup`` fetched). Each engine's cluster (2 brokers) starts once for the module;
-RocketMQ's is the test worker's, shared with the other modules of xdist group "rocketmq"."""
+``make setup`` fetched). Each engine's cluster (2 brokers) starts once for the module."""
 
 from __future__ import annotations
 
@@ -27,7 +26,7 @@ ENGINES = ["qclient", "rocketmq"]
 @pytest.fixture(scope="module", params=ENGINES)
 def cluster(request: pytest.FixtureRequest):
     if request.param == "rocketmq":
-        # the session's (tests/conftest.py): these tests stop no broker
+        # tests/conftest.py's: these tests stop no broker
         yield request.getfixturevalue("rocketmq_cluster")
         return
     with LocalCluster(brokers=2, engine=request.param) as c:

@@ -69,7 +69,7 @@ QUEUES = 4  # per broker: 8 in all
 
 @pytest.fixture(scope="module")
 def cluster(rocketmq_cluster: RocketMQCluster) -> RocketMQCluster:
-    """The session's RocketMQ cluster (tests/conftest.py): brokers are never stopped here."""
+    """tests/conftest.py's RocketMQ cluster: brokers are never stopped here."""
     return rocketmq_cluster
 
 

@@ -70,7 +70,7 @@ def _now_ms() -> int:
 
 @pytest.fixture(scope="module")
 def cluster(rocketmq_cluster: RocketMQCluster) -> RocketMQCluster:
-    """The session's RocketMQ cluster (tests/conftest.py): broker-a and broker-b."""
+    """tests/conftest.py's RocketMQ cluster: broker-a and broker-b."""
     assert isinstance(rocketmq_cluster, RocketMQCluster)
     return rocketmq_cluster
 
