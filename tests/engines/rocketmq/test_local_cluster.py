@@ -10,11 +10,14 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import psutil
@@ -27,6 +30,7 @@ from qclient.engines.rocketmq.local.node import JvmNode, call
 from qclient.engines.rocketmq.local.runtime import (
     HA_PLUGIN,
     LIB_ENV,
+    die_with_parent,
     find_ha_jar,
     find_java,
     find_lib,
@@ -112,6 +116,57 @@ def _unapplied(node: JvmNode) -> list[str]:
         for k, v in _conf(node).items()
         if k not in identity and f" - {k}={v}\n" not in log
     ]
+
+
+class _ShutsDownWhenFreed:
+    """Shuts its socket down (SHUT_RDWR) when freed, as py4j's finalizer of a connection to
+    the Spark JVM does."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+
+    def __del__(self) -> None:
+        with suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+
+
+@contextmanager
+def _thread_local_canary() -> Iterator[Callable[[], bool]]:
+    """A thread that keeps a ``_ShutsDownWhenFreed`` of one end of a socket pair in a
+    thread-local while the block runs; yields a check that the pair still carries a byte
+    both ways. A forked child of this process that runs Python code clears the other
+    threads' states there, so the object is freed in the child, and the shutdown of the
+    socket the child shares with this process ends the pair here too."""
+    a, b = socket.socketpair()
+    a.settimeout(5.0)
+    b.settimeout(5.0)
+    local = threading.local()
+    holding, done = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        local.conn = _ShutsDownWhenFreed(a)
+        holding.set()
+        done.wait(300)
+
+    def carries() -> bool:
+        try:
+            a.sendall(b"x")
+            b.sendall(b"y")
+            return b.recv(1) == b"x" and a.recv(1) == b"y"
+        except OSError:
+            return False
+
+    thread = threading.Thread(target=hold, name="canary", daemon=True)
+    thread.start()
+    try:
+        assert holding.wait(10)
+        assert carries()
+        yield carries
+    finally:
+        done.set()
+        thread.join(10)
+        a.close()
+        b.close()
 
 
 # --- the shared cluster ---------------------------------------------------------------
@@ -228,6 +283,45 @@ def test_jvms_die_with_their_python_parent_even_by_sigkill(tmp_path: Path) -> No
     finally:
         parent.kill()
         parent.wait(10)
+
+
+def test_starting_a_cluster_runs_no_python_in_a_forked_child() -> None:
+    """A forked child that runs Python (a preexec_fn) frees the other threads' thread-locals
+    and their finalizers shut down sockets it shares with this process: a Spark driver lost
+    its py4j connection so. The JVMs are spawned through an exec'd wrapper instead."""
+
+    def preexec_fn_elsewhere() -> None:  # the control: the canary sees such a child
+        subprocess.run(["true"], preexec_fn=lambda: None, check=True, timeout=30)
+
+    with _thread_local_canary() as carries:
+        runner = threading.Thread(target=preexec_fn_elsewhere)
+        runner.start()
+        runner.join(30)
+        assert not carries(), "a preexec_fn child left the canary's socket working"
+
+    with _thread_local_canary() as carries, RocketMQCluster(brokers=0) as c:
+        assert carries(), "starting the cluster shut down a socket of this process"
+        for node in c.nodes:  # the pid is the JVM's: the wrapper exec'd it
+            assert node.pid is not None
+            jvm = psutil.Process(node.pid)
+            assert (jvm.cmdline(), jvm.ppid()) == (node.argv, os.getpid())
+
+
+def test_die_with_parent_wraps_a_command_in_the_same_process() -> None:
+    """The wrapped command keeps the wrapper's pid, ignores no signal (CPython ignores
+    SIGPIPE and SIGXFSZ, which exec would pass on), and does not start when its parent is
+    not the one named."""
+    show = "echo $$; grep '^SigIgn:' /proc/self/status"
+    proc = subprocess.Popen(
+        die_with_parent(["/bin/sh", "-c", show]), stdout=subprocess.PIPE, text=True
+    )
+    out = proc.communicate(timeout=30)[0]
+    pid, ignored = out.splitlines()[:2]
+    assert (int(pid), proc.returncode) == (proc.pid, 0)
+    ignored_by_python = 1 << (signal.SIGPIPE - 1) | 1 << (signal.SIGXFSZ - 1)
+    assert int(ignored.split()[1], 16) & ignored_by_python == 0
+    orphan = subprocess.run(die_with_parent(["/bin/true"], parent=1), timeout=30, check=False)
+    assert orphan.returncode == 126
 
 
 def test_a_broker_that_exits_at_boot_is_named_with_its_log() -> None:

@@ -1,8 +1,10 @@
 """One local RocketMQ JVM (:class:`JvmNode`) and a one-shot blocking remoting call.
 
-Every JVM is forked by one launcher thread that lives as long as the process, with
-``PR_SET_PDEATHSIG`` set (``runtime.die_with_parent``): the kernel SIGKILLs it when this
-Python process dies, however it dies.
+Every JVM is forked by one launcher thread that lives as long as the process, through a
+wrapper that sets ``PR_SET_PDEATHSIG`` and execs it (``runtime.die_with_parent``): the
+kernel SIGKILLs it when this Python process dies, however it dies. No Python code runs in
+the forked child (no ``preexec_fn``), which keeps the sockets and thread-locals of this
+process's other threads (a Spark driver's py4j connections) intact.
 """
 
 from __future__ import annotations
@@ -114,7 +116,7 @@ class JvmNode:
         self.log_path.touch()
         self._log_pos = self.log_path.stat().st_size  # a restart appends: read from here
         self._booted = self._accepting = False
-        argv, home, log_path = self.argv, self.home, self.log_path
+        argv, home, log_path = die_with_parent(self.argv), self.home, self.log_path
 
         def popen() -> subprocess.Popen[bytes]:
             with open(log_path, "ab") as logfile:
@@ -124,7 +126,6 @@ class JvmNode:
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
                     cwd=home,
-                    preexec_fn=die_with_parent(),
                 )
 
         self.process = _launch(popen)

@@ -12,16 +12,14 @@ every key it applied to its log at boot, which the tests compare against.
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -398,38 +396,44 @@ def jvm_argv(
 
 # --- dying with the parent ------------------------------------------------------------
 
-_PR_SET_PDEATHSIG = 1
+#: The program ``die_with_parent`` puts before a command line, run by a fresh interpreter
+#: (``python -I -S -c``): ``sys.argv[1]`` is the pid the child must not outlive, the rest
+#: the command it becomes. It arms PR_SET_PDEATHSIG (option 1), which survives execv, checks
+#: the parent did not die before that, and puts back the two signals CPython ignores at
+#: startup (an ignored signal stays ignored across execv), as subprocess's
+#: ``restore_signals`` does for a direct child.
+_DIE_WITH_PARENT = """\
+import ctypes, os, signal, sys
+parent, argv = int(sys.argv[1]), sys.argv[2:]
+if ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0) != 0:
+    print("prctl(PR_SET_PDEATHSIG):", os.strerror(ctypes.get_errno()), file=sys.stderr)
+    os._exit(126)
+if os.getppid() != parent:
+    os._exit(126)
+for sig in (signal.SIGPIPE, signal.SIGXFSZ):
+    signal.signal(sig, signal.SIG_DFL)
+os.execv(argv[0], argv)
+"""
 
 
-@functools.cache
-def _prctl() -> Callable[..., int] | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-    except OSError:
-        return None
-    fn: Callable[..., int] | None = getattr(libc, "prctl", None)
-    return fn
+def die_with_parent(argv: Sequence[str], parent: int | None = None) -> list[str]:
+    """``argv`` run so that the kernel SIGKILLs it when its parent dies, even by SIGKILL:
+    a wrapper that sets ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` then execs ``argv`` (the same
+    process: its pid is the command's). ``parent`` is the pid of the process that starts it
+    (default: this one); the wrapper exits with 126 when that one is already gone. Linux
+    only: ``argv`` unchanged elsewhere, or without ``sys.executable``.
 
+    The wrapper is a separate program, not a ``preexec_fn``: a preexec_fn runs Python in
+    the forked child, which first clears the other threads' states there, so their
+    thread-locals' finalizers run in the child; py4j's shut down (SHUT_RDWR) the sockets
+    to the Spark JVM that the child shares with this process, and the Spark session of a
+    driver loses its connection.
 
-def die_with_parent() -> Callable[[], None] | None:
-    """A ``preexec_fn`` that has the kernel SIGKILL the child when its parent dies (even by
-    SIGKILL): ``prctl(PR_SET_PDEATHSIG)``. Linux only (None elsewhere).
-
-    The signal fires when the *thread* that forked the child ends, so children must be
-    started from a thread that lives as long as the process (``cluster.py`` starts every
-    JVM on one such thread).
+    The signal fires when the *thread* that forked the child ends, so the command must be
+    started from a thread that lives as long as the process (``node.py`` starts every JVM
+    on one such thread).
     """
-    prctl = _prctl()
-    if prctl is None:
-        return None
-    parent = os.getpid()
-
-    def preexec() -> None:
-        if prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
-            os._exit(126)
-        if os.getppid() != parent:  # the parent died before prctl took effect
-            os._exit(126)
-
-    return preexec
+    if not sys.platform.startswith("linux") or not sys.executable:
+        return list(argv)
+    pid = os.getpid() if parent is None else parent
+    return [sys.executable, "-I", "-S", "-c", _DIE_WITH_PARENT, str(pid), *argv]
