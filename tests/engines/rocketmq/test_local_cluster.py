@@ -26,10 +26,12 @@ import pytest
 from qclient.cluster import ClusterError
 from qclient.engines.rocketmq.codes import RequestCode
 from qclient.engines.rocketmq.local import DEFAULT_TOPIC, SETUP_HINT, RocketMQCluster
+from qclient.engines.rocketmq.local import cluster as cluster_module
 from qclient.engines.rocketmq.local.node import JvmNode, call
 from qclient.engines.rocketmq.local.runtime import (
     HA_PLUGIN,
     LIB_ENV,
+    broker_ports,
     die_with_parent,
     find_ha_jar,
     find_java,
@@ -322,6 +324,30 @@ def test_die_with_parent_wraps_a_command_in_the_same_process() -> None:
     assert int(ignored.split()[1], 16) & ignored_by_python == 0
     orphan = subprocess.run(die_with_parent(["/bin/true"], parent=1), timeout=30, check=False)
     assert orphan.returncode == 126
+
+
+def test_a_broker_that_lost_its_port_gets_new_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A broker whose port another process took before it bound retries on new ports: its
+    BindException is hundreds of lines before its log ends (the shutdown hooks')."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        picks: list[tuple[int, int]] = []
+
+        def first_taken() -> tuple[int, int]:
+            pair = broker_ports()
+            picks.append((port, pair[1]) if not picks else pair)
+            return picks[-1]
+
+        monkeypatch.setattr(cluster_module, "broker_ports", first_taken)
+        with RocketMQCluster(brokers=1, startup_timeout=240) as c:
+            b = c.broker("broker-a")
+            assert len(picks) == 2
+            assert b.port == picks[1][0] != port
+            assert c.route(DEFAULT_TOPIC) == {"broker-a": {0: b.addr}}
+            log = b.log_path.read_text(errors="replace")
+            assert log.count("java.net.BindException: Address already in use") == 1
 
 
 def test_a_broker_that_exits_at_boot_is_named_with_its_log() -> None:

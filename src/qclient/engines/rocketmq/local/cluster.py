@@ -240,7 +240,9 @@ class RocketMQCluster:
 
     def _start_nodes(self, nodes: Sequence[JvmNode]) -> None:
         """Spawn ``nodes`` together and wait for each; a node that lost a port race (its
-        port taken by another process between our check and its bind) gets new ports."""
+        port taken by another process between our check and its bind) gets new ports. The
+        BindException is looked for in all the node logged since its spawn: a broker's
+        shutdown hooks log a hundred lines and more after it."""
         for node in nodes:
             self._configure(node)
             node.spawn()
@@ -251,7 +253,7 @@ class RocketMQCluster:
                     node.wait_ready(max(1.0, deadline - time.monotonic()))
                     break
                 except ClusterError:
-                    lost_port = not node.running and _PORT_TAKEN in node.log_tail(40)
+                    lost_port = not node.running and node.logged_since_spawn(_PORT_TAKEN)
                     if not lost_port or attempt == _PORT_ATTEMPTS - 1:
                         raise
                     log.info("%s %s lost its port; retrying on new ones", node.role, node.name)

@@ -69,6 +69,8 @@ class JvmNode:
         self._main = main
         self._spec = spec
         self._log_pos = 0
+        #: the log's size when the JVM was last spawned: what it wrote since starts here
+        self._spawn_pos = 0
         self._booted = False
         self._accepting = False
         #: more to wait for once the port accepts (a broker: its route), set by the cluster:
@@ -114,7 +116,7 @@ class JvmNode:
         if not self.argv:
             raise ClusterError(f"{self.role} {self.name} is not configured (start the cluster)")
         self.log_path.touch()
-        self._log_pos = self.log_path.stat().st_size  # a restart appends: read from here
+        self._spawn_pos = self._log_pos = self.log_path.stat().st_size  # a restart appends
         self._booted = self._accepting = False
         argv, home, log_path = die_with_parent(self.argv), self.home, self.log_path
 
@@ -211,6 +213,24 @@ class JvmNode:
         """SIGCONT."""
         if self.process is not None and self.process.poll() is None:
             self.process.send_signal(signal.SIGCONT)
+
+    def logged_since_spawn(self, text: str) -> bool:
+        """True when the log holds ``text`` anywhere in what was written since the JVM was
+        last spawned (an exception's cause may be far from the end, behind the shutdown
+        hooks' lines)."""
+        needle = text.encode()
+        overlap = max(0, len(needle) - 1)  # a match may straddle two reads
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(self._spawn_pos)
+                carry = b""
+                while chunk := f.read(1 << 20):
+                    if needle in carry + chunk:
+                        return True
+                    carry = (carry + chunk)[-overlap:] if overlap else b""
+        except OSError:
+            return False
+        return False
 
     def log_tail(self, lines: int = 8) -> str:
         """The last lines of the node's log, joined by `` | ``."""
