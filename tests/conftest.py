@@ -31,3 +31,33 @@ def rocketmq_cluster() -> Iterator[LocalCluster]:
     core (its timer and store services wake every few ms), so none may outlive its module."""
     with LocalCluster(brokers=2, engine="rocketmq") as cluster:
         yield cluster
+
+
+#: RocketMQ's long suite: several clusters each (replica groups, kills, Java peers, member
+#: processes, Spark on RocketMQ). ``make test`` runs RocketMQ's protocol, parity and
+#: interop tests (one cluster per module); ``make test-rocketmq`` runs these as well.
+ROCKETMQ_FULL_ENV = "QCLIENT_ROCKETMQ_FULL"
+_ROCKETMQ_FULL_MODULES = (
+    "tests/engines/rocketmq/test_local_cluster.py",
+    "tests/engines/rocketmq/test_consumer.py",
+    "tests/engines/rocketmq/test_java_peer.py",
+)
+#: modules whose [rocketmq] parameter belongs to the long suite (their qclient one does not)
+_ROCKETMQ_FULL_PARAMS = (
+    "tests/integration/test_engines_faults.py",
+    "tests/spark/test_spark_cluster.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.environ.get(ROCKETMQ_FULL_ENV) == "1":
+        return
+    skip = pytest.mark.skip(
+        reason=f"RocketMQ's long suite: make test-rocketmq ({ROCKETMQ_FULL_ENV}=1)"
+    )
+    for item in items:
+        path = item.nodeid.split("::", 1)[0]
+        if path in _ROCKETMQ_FULL_MODULES or (
+            path in _ROCKETMQ_FULL_PARAMS and "[rocketmq" in item.nodeid
+        ):
+            item.add_marker(skip)
