@@ -42,6 +42,11 @@ _ROCKETMQ_FULL_MODULES = (
     "tests/engines/rocketmq/test_consumer.py",
     "tests/engines/rocketmq/test_java_peer.py",
 )
+#: single tests of the long suite: RocketMQ's Java consumer, started after the sends,
+#: missed 65-140 of 550 messages within its 45 s in 2 of 3 fresh-clone runs on a busy host
+_ROCKETMQ_FULL_TESTS = (
+    "tests/engines/rocketmq/test_interop.py::test_batched_timer_messages_never_reach_java_early",
+)
 #: modules whose [rocketmq] parameter belongs to the long suite (their qclient one does not)
 _ROCKETMQ_FULL_PARAMS = (
     "tests/integration/test_engines_faults.py",
@@ -57,7 +62,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     )
     for item in items:
         path = item.nodeid.split("::", 1)[0]
-        if path in _ROCKETMQ_FULL_MODULES or (
-            path in _ROCKETMQ_FULL_PARAMS and "[rocketmq" in item.nodeid
+        if (
+            path in _ROCKETMQ_FULL_MODULES
+            or item.nodeid in _ROCKETMQ_FULL_TESTS
+            or (path in _ROCKETMQ_FULL_PARAMS and "[rocketmq" in item.nodeid)
         ):
             item.add_marker(skip)
