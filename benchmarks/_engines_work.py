@@ -83,36 +83,44 @@ def bare_request(prefix: str, i: int, broker_name: str) -> RemotingCommand:
 
 
 def rocketmq_bare(
-    addr: str, broker_name: str, pid: int, n: int, seconds: float
+    brokers: Sequence[tuple[str, str, int]], n: int, seconds: float
 ) -> dict[str, float]:
-    """One thread, a plain blocking socket to the broker at ``addr``: build the same 100 B
-    message ``send_delayed`` sends (UNIQ_KEY of 36 hex chars, WAIT, TIMER_DELIVER_MS an
-    hour ahead; queue ``i % 4``), ``send_header`` + ``encode``, ``sendall``, read the answer
-    with ``FrameDecoder``. No reader thread, no opaque matching, no routes, no retries.
-    Round trip p50/p99, this process's CPU and the broker's (psutil) per request."""
+    """One thread, a plain blocking socket to each of ``brokers`` ((address, name, pid)),
+    request ``i`` to broker ``i % len(brokers)``: build the same 100 B message
+    ``send_delayed`` sends (UNIQ_KEY of 36 hex chars, WAIT, TIMER_DELIVER_MS an hour ahead;
+    queue ``i % 4``), ``send_header`` + ``encode``, ``sendall``, read the answer with
+    ``FrameDecoder``. No reader thread, no opaque matching, no routes, no retries.
+    Round trip p50/p99, this process's CPU and the brokers' (psutil) per request."""
     prefix = uuid.uuid4().hex[:24]
-    sock = socket.create_connection(parse_addr(addr), timeout=10)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    dec = FrameDecoder()
+    conns: list[tuple[socket.socket, FrameDecoder, str]] = []
 
     def one(i: int) -> None:
-        sock.sendall(encode(bare_request(prefix, i, broker_name)))
+        sock, dec, name = conns[i % len(conns)]
+        sock.sendall(encode(bare_request(prefix, i, name)))
         while True:
             data = sock.recv(65536)
             if not data:
-                raise ConnectionError(f"{addr} closed the connection")
+                raise ConnectionError(f"{name} closed the connection")
             got = dec.feed(data)
             if got:
                 if got[0].code != _SUCCESS:
                     raise RuntimeError(f"broker answered {got[0].code}: {got[0].remark}")
                 return
 
-    broker = psutil.Process(pid)
+    procs = [psutil.Process(pid) for _, _, pid in brokers]
+
+    def brokers_cpu() -> float:
+        return sum(sum(p.cpu_times()[:2]) for p in procs)
+
     try:
+        for addr, name, _ in brokers:
+            sock = socket.create_connection(parse_addr(addr), timeout=10)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conns.append((sock, FrameDecoder(), name))
         for i in range(50):  # warm-up: connection, topic, code paths
             one(i)
         lat: list[float] = []
-        c0, cpu0, t0 = broker.cpu_times(), time.process_time(), time.perf_counter()
+        c0, cpu0, t0 = brokers_cpu(), time.process_time(), time.perf_counter()
         deadline = time.monotonic() + seconds
         for i in range(50, 50 + n):
             t = time.perf_counter()
@@ -121,11 +129,11 @@ def rocketmq_bare(
             if time.monotonic() > deadline:
                 break
         wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-        c1 = broker.cpu_times()
+        bcpu = brokers_cpu() - c0
     finally:
-        sock.close()
+        for sock, _, _ in conns:
+            sock.close()
     reqs = len(lat)
-    bcpu = (c1.user + c1.system) - (c0.user + c0.system)
     return {
         "requests": reqs,
         "requests_per_s": round(reqs / wall, 1),
