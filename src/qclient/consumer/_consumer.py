@@ -25,6 +25,7 @@ from ..engines import ROCKETMQ, parse_namesrv
 from ..errors import AuthError, ConsumerClosedError, QClientError
 from ..protocol import wire
 from ._group import GroupMember
+from ._member import iter_messages
 
 __all__ = ["Consumer"]
 
@@ -89,20 +90,7 @@ class Consumer(GroupMember):
         """Yield messages as they arrive; stop after ``timeout`` seconds without one
         (``None``: never) or when the consumer is closed. A message counts as processed
         (and is committed) once the next one is asked for."""
-        idle_since = time.monotonic()
-        while not self._closed:
-            wait_s = 1.0
-            if timeout is not None:
-                wait_s = min(wait_s, timeout - (time.monotonic() - idle_since))
-                if wait_s <= 0:
-                    return
-            try:
-                batch = self.poll(max_messages, timeout=wait_s)
-            except ConsumerClosedError:
-                return
-            if batch:
-                yield from batch
-                idle_since = time.monotonic()
+        return iter_messages(self.poll, lambda: self._closed, timeout, max_messages)
 
     def __iter__(self) -> Iterator[ReceivedMessage]:
         return self.messages()

@@ -20,13 +20,14 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
 
 from ..engines import parse_namesrv
-from ..errors import AuthError, InvalidMessageError, QClientError
+from ..errors import AuthError, QClientError
 from ..protocol import wire
 from ..routing.nameserver import NameServerClient
 from ..routing.publish_info import master_addrs
 from ..transport.http import Credentials, SyncHttp
 from ._allocate import allocate_averagely
 from ._hold import HeldMessages
+from ._member import check_member
 from ._rpc import call
 
 __all__ = ["GroupMember"]
@@ -35,8 +36,6 @@ log = logging.getLogger(__name__)
 
 _ROUTE_TTL = 5.0  # seconds between route look-ups while polling
 _CONVERGE_S = 0.1  # heartbeat this often while the queues held differ from the share
-_MIN_SESSION_S = wire.MIN_GROUP_LEASE_MS / 1000
-_MAX_SESSION_S = wire.MAX_GROUP_LEASE_MS / 1000
 
 T = TypeVar("T")
 Key = tuple[str, int]  # (broker name, queue id)
@@ -65,15 +64,8 @@ class GroupMember:
         auto_commit: bool = True,
         client_id: str | None = None,
     ) -> None:
-        if not wire.valid_topic(topic):
-            raise InvalidMessageError(f"invalid topic name {topic!r}")
-        if not wire.GROUP_RE.match(group):
-            raise InvalidMessageError(f"invalid group name {group!r}")
-        if not _MIN_SESSION_S <= session_timeout <= _MAX_SESSION_S:
-            raise ValueError(f"session_timeout must be {_MIN_SESSION_S}..{_MAX_SESSION_S} s")
         cid = client_id or _client_id()
-        if not wire.PRINTABLE_128_RE.match(cid):
-            raise ValueError("client_id must be 1-128 printable ASCII characters")
+        check_member(topic, group, session_timeout, cid)
         self.topic = topic
         self.group = group
         self.client_id = cid

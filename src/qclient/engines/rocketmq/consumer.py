@@ -30,13 +30,12 @@ from typing import Any, TypeVar
 
 from ... import _tracing
 from ..._models import ReceivedMessage
+from ...consumer._member import check_member, iter_messages
 from ...errors import (
     ConsumerClosedError,
-    InvalidMessageError,
     QClientError,
     UnsupportedByEngineError,
 )
-from ...protocol import wire
 from .member import MemberLoop
 from .rebalance import Key
 from .state import ConsumeState
@@ -47,8 +46,6 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-_MIN_SESSION_S = wire.MIN_GROUP_LEASE_MS / 1000
-_MAX_SESSION_S = wire.MAX_GROUP_LEASE_MS / 1000
 #: heartbeat / rebalance rounds at least this often (RocketMQ's broker itself forgets a
 #: member 120 s after its last heartbeat, or at once when its connection closes)
 _MAX_INTERVAL_S = 1.0
@@ -120,17 +117,10 @@ class RocketMQConsumer:
         addrs = tuple(a.removeprefix("rocketmq://") for a in addrs)
         if not addrs:
             raise ValueError("namesrv_addrs is empty")
-        if not wire.valid_topic(topic):
-            raise InvalidMessageError(f"invalid topic name {topic!r}")
-        if not wire.GROUP_RE.match(group):
-            raise InvalidMessageError(f"invalid group name {group!r}")
-        if not _MIN_SESSION_S <= session_timeout <= _MAX_SESSION_S:
-            raise ValueError(f"session_timeout must be {_MIN_SESSION_S}..{_MAX_SESSION_S} s")
+        cid = client_id or _client_id()
+        check_member(topic, group, session_timeout, cid)
         if request_timeout <= 0:
             raise ValueError("request_timeout must be > 0")
-        cid = client_id or _client_id()
-        if not wire.PRINTABLE_128_RE.match(cid):
-            raise ValueError("client_id must be 1-128 printable ASCII characters")
         self.topic = topic
         self.group = group
         self.client_id = cid
@@ -209,20 +199,7 @@ class RocketMQConsumer:
         """Yield messages as they arrive; stop after ``timeout`` seconds without one
         (``None``: never) or when the consumer is closed. A message counts as processed
         (and is committed) once the next one is asked for."""
-        idle_since = time.monotonic()
-        while not self._closed:
-            wait_s = 1.0
-            if timeout is not None:
-                wait_s = min(wait_s, timeout - (time.monotonic() - idle_since))
-                if wait_s <= 0:
-                    return
-            try:
-                batch = self.poll(max_messages, timeout=wait_s)
-            except ConsumerClosedError:
-                return
-            if batch:
-                yield from batch
-                idle_since = time.monotonic()
+        return iter_messages(self.poll, lambda: self._closed, timeout, max_messages)
 
     def __iter__(self) -> Iterator[ReceivedMessage]:
         return self.messages()
