@@ -6,8 +6,8 @@ import argparse
 
 from ._cli_args import CliError
 from .engines.rocketmq.admin import create_topic
-from .engines.rocketmq.connection import ConnectionPool
 from .engines.rocketmq.nameserver import RocketMQNameServer
+from .engines.rocketmq.pool import ConnectionPool
 from .protocol import wire
 
 __all__ = ["route", "topic_create"]

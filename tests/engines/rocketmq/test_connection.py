@@ -26,13 +26,14 @@ from typing import Any
 
 import pytest
 
+from qclient.engines.rocketmq import connection
 from qclient.engines.rocketmq.aio import AsyncConnection, AsyncConnectionPool
 from qclient.engines.rocketmq.connection import (
     Connection,
-    ConnectionPool,
     RemotingConnectionError,
     RemotingTimeoutError,
 )
+from qclient.engines.rocketmq.pool import ConnectionPool
 from qclient.engines.rocketmq.remoting import (
     RemotingCommand,
     request,
@@ -193,10 +194,16 @@ def _wait_for(cond: Callable[[], bool], timeout: float = 30.0) -> None:
 # --- blocking ------------------------------------------------------------------------------
 
 
-def test_64_threads_share_one_connection(namesrv: Namesrv) -> None:
+@pytest.fixture(params=[False, True], ids=["reader-thread", "callers-read"])
+def by_callers(request: pytest.FixtureRequest) -> bool:
+    """Both ways a blocking connection reads: its reader thread, or its callers in turn."""
+    return bool(request.param)
+
+
+def test_64_threads_share_one_connection(namesrv: Namesrv, by_callers: bool) -> None:
     errors: list[BaseException] = []
     answered = [0] * 64
-    with Connection(namesrv.addr) as conn:
+    with Connection(namesrv.addr, read_by_callers=by_callers) as conn:
 
         def worker(t: int) -> None:
             try:
@@ -218,8 +225,8 @@ def test_64_threads_share_one_connection(namesrv: Namesrv) -> None:
         assert conn.in_flight == 0 and not conn.closed
 
 
-def test_call_many_answers_in_order(namesrv: Namesrv) -> None:
-    with Connection(namesrv.addr) as conn:
+def test_call_many_answers_in_order(namesrv: Namesrv, by_callers: bool) -> None:
+    with Connection(namesrv.addr, read_by_callers=by_callers) as conn:
         reqs = [_probe(f"many-{i}") for i in range(100)]
         answers = conn.call_many(reqs, OK)
         assert len(answers) == 100
@@ -228,8 +235,10 @@ def test_call_many_answers_in_order(namesrv: Namesrv) -> None:
         assert conn.call_many([], 1.0) == []
 
 
-def test_timeout_on_paused_namesrv_then_close_fails_in_flight(namesrv: Namesrv) -> None:
-    with Connection(namesrv.addr) as conn:
+def test_timeout_on_paused_namesrv_then_close_fails_in_flight(
+    namesrv: Namesrv, by_callers: bool
+) -> None:
+    with Connection(namesrv.addr, read_by_callers=by_callers) as conn:
         _check_answer(req := _probe("warm"), conn.call(req, OK), "warm")
         namesrv.pause()
         try:
@@ -252,7 +261,7 @@ def test_timeout_on_paused_namesrv_then_close_fails_in_flight(namesrv: Namesrv) 
         _check_answer(req := _probe("resumed"), conn.call(req, OK), "resumed")
 
     # close() fails calls in flight at once
-    with Connection(namesrv.addr) as conn:
+    with Connection(namesrv.addr, read_by_callers=by_callers) as conn:
         namesrv.pause()
         try:
             failures: queue.SimpleQueue[BaseException] = queue.SimpleQueue()
@@ -280,9 +289,9 @@ def test_timeout_on_paused_namesrv_then_close_fails_in_flight(namesrv: Namesrv) 
             namesrv.resume()
 
 
-def test_killed_namesrv_fails_calls_fast(doomed_namesrv: Namesrv) -> None:
+def test_killed_namesrv_fails_calls_fast(doomed_namesrv: Namesrv, by_callers: bool) -> None:
     ns = doomed_namesrv
-    with ConnectionPool(connect_timeout=2.0) as pool:
+    with ConnectionPool(connect_timeout=2.0, read_by_callers=by_callers) as pool:
         conn = pool.get(ns.addr)
         assert pool.get(ns.addr) is conn
         _check_answer(req := _probe("alive"), conn.call(req, OK), "alive")
@@ -327,8 +336,8 @@ def test_killed_namesrv_fails_calls_fast(doomed_namesrv: Namesrv) -> None:
         assert time.monotonic() - t0 < 1.0
 
 
-def test_pool_replaces_closed_and_discarded(namesrv: Namesrv) -> None:
-    pool = ConnectionPool()
+def test_pool_replaces_closed_and_discarded(namesrv: Namesrv, by_callers: bool) -> None:
+    pool = ConnectionPool(read_by_callers=by_callers)
     try:
         first = pool.get(namesrv.addr)
         first.close()
@@ -343,6 +352,25 @@ def test_pool_replaces_closed_and_discarded(namesrv: Namesrv) -> None:
     assert third.closed
     with pytest.raises(RemotingConnectionError):
         pool.get(namesrv.addr)
+
+
+def test_idle_connection_closed_by_peer_is_replaced(
+    doomed_namesrv: Namesrv, by_callers: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A peer gone while nobody called: ``get`` opens a new connection (here: refused)
+    instead of handing out the dead one, whichever way the connection reads."""
+    monkeypatch.setattr(connection, "IDLE_CHECK_AFTER", 0.0)  # idle at once, not after 1 s
+    ns = doomed_namesrv
+    with ConnectionPool(connect_timeout=2.0, read_by_callers=by_callers) as pool:
+        conn = pool.get(ns.addr)
+        _check_answer(req := _probe("idle"), conn.call(req, OK), "idle")
+        ns.signal(signal.SIGKILL)
+        ns.proc.wait(10)
+        if not by_callers:  # its reader thread notices by itself
+            _wait_for(lambda: conn.closed)
+        with pytest.raises(RemotingConnectionError, match="connect failed"):
+            pool.get(ns.addr)
+        assert conn.closed
 
 
 def test_connect_refused() -> None:

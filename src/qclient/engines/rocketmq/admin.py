@@ -7,7 +7,8 @@ from collections.abc import Sequence
 
 from ...errors import NameServerUnavailableError, QClientError
 from .codes import RequestCode, ResponseCode, error_for
-from .connection import ConnectionPool, RemotingError
+from .connection import RemotingError
+from .pool import ConnectionPool
 from .remoting import request
 from .route import ClusterInfo, parse_cluster_info
 

@@ -26,8 +26,9 @@ from ..base import Engine, SendVerdict
 from . import message as msg
 from .aio import AsyncConnectionPool
 from .codes import RequestCode, ResponseCode, error_for, is_ambiguous_code, send_outcome
-from .connection import ConnectionPool, RemotingConnectionError, RemotingError, RemotingTimeoutError
+from .connection import RemotingConnectionError, RemotingError, RemotingTimeoutError
 from .nameserver import AsyncRocketMQNameServer, RocketMQNameServer
+from .pool import ConnectionPool
 from .remoting import RemotingCommand, request
 
 if TYPE_CHECKING:
@@ -228,7 +229,9 @@ class RocketMQEngine(Engine):
         self, cfg: ProducerConfig, credentials: Credentials | None, *, lean: bool | None = None
     ) -> SyncRemoting:
         self._no_credentials(credentials)
-        return SyncRemoting(ConnectionPool(connect_timeout=cfg.namesrv_timeout))
+        # callers read their own answers: a lone send costs no thread switch (connection.py)
+        pool = ConnectionPool(connect_timeout=cfg.namesrv_timeout, read_by_callers=True)
+        return SyncRemoting(pool)
 
     def async_transport(
         self, cfg: ProducerConfig, credentials: Credentials | None, *, lean: bool | None = None

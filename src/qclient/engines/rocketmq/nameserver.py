@@ -15,7 +15,8 @@ from ...errors import InvalidMessageError, NameServerUnavailableError, RouteNotF
 from ...protocol.wire import QueueData, TopicRoute, valid_topic
 from .aio import AsyncConnectionPool
 from .codes import RequestCode, ResponseCode, code_name
-from .connection import ConnectionPool, RemotingError
+from .connection import RemotingError
+from .pool import ConnectionPool
 from .remoting import RemotingCommand, RemotingProtocolError, request
 from .route import parse_route
 
