@@ -203,19 +203,38 @@ class ProducerCore:
         ``one_chunk``: the items are already one chunk for one broker, queues assigned
         (the accumulator's batches): the first round sends them as they are.
         """
-        results: list[SendResult | QClientError | None] = [None] * len(items)
         if deadline is None:
             deadline = time.monotonic() + self.cfg.send_timeout
         # The first attempt runs without the retry machinery: most sends need no retry.
         first_attempt = time.monotonic()
         if one_chunk and len(items) <= self.max_chunk:
-            first = items[0].queue
-            assert first is not None
-            addr = items[0].info.broker_addrs[first.broker_name]
-            calls = [self._call(first.broker_name, addr, items, self.attempt_timeout(1, deadline))]
+            calls = [self.chunk_call(items, deadline)]
         else:
             calls = self._calls(items, 1, deadline)
         outcomes: list[CallResult] = yield calls
+        return (yield from self.plan_after(items, calls, outcomes, deadline, first_attempt))
+
+    def chunk_call(self, items: list[Item], deadline: float) -> Call:
+        """The first attempt's one call of ``items``: one chunk for one broker, queues
+        assigned (``plan_send(one_chunk=True)``; a driver may perform it itself and hand
+        the answer to ``plan_after``, which is the same send without a plan's first step)."""
+        first = items[0].queue
+        assert first is not None
+        broker = first.broker_name
+        addr = items[0].info.broker_addrs[broker]
+        return self.engine.send_call(broker, addr, items, self.attempt_timeout(1, deadline))
+
+    def plan_after(
+        self,
+        items: list[Item],
+        calls: list[Call],
+        outcomes: list[CallResult],
+        deadline: float,
+        first_attempt: float,
+    ) -> Plan:
+        """The rest of ``plan_send`` once its first round (``calls``) was answered
+        (``outcomes``): the results, the retries, the counts."""
+        results: list[SendResult | QClientError | None] = [None] * len(items)
         deadline += queued_seconds(outcomes)
         pending = self._absorb(calls, outcomes, results)
         attempts = 1

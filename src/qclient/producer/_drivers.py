@@ -17,12 +17,23 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..engines.base import AsyncTransport, Call, SyncTransport
-from ._plan import CallResult, Plan, Sleep
+from ._plan import CallResult, Item, Plan, Sleep
 
-__all__ = ["AsyncSlots", "SyncSlots", "call_async", "call_sync", "run_async", "run_sync"]
+if TYPE_CHECKING:
+    from ._core import ProducerCore
+
+__all__ = [
+    "AsyncSlots",
+    "SyncSlots",
+    "call_async",
+    "call_sync",
+    "run_async",
+    "run_sync",
+    "send_chunk_sync",
+]
 
 
 class SyncSlots:
@@ -107,6 +118,27 @@ def run_sync(
         return stop.value
     finally:
         plan.close()
+
+
+def send_chunk_sync(
+    core: ProducerCore,
+    items: list[Item],
+    deadline: float,
+    http: SyncTransport,
+    executor: Callable[[], Executor] | None = None,
+    on_write: Callable[[], None] | None = None,
+) -> Any:
+    """``plan_send(items, deadline=deadline, one_chunk=True)``, its first call performed
+    here rather than through the plan's first step: a lone message costs one call and one
+    answer read, and a plan only for what its first attempt left (retries)."""
+    if len(items) > core.max_chunk:
+        plan = core.plan_send(items, deadline=deadline, one_chunk=True)
+        return run_sync(plan, http, executor, on_write=on_write)
+    first_attempt = time.monotonic()
+    call = core.chunk_call(items, deadline)
+    outcomes = [_call_sync(http, call, on_write)]
+    plan = core.plan_after(items, [call], outcomes, deadline, first_attempt)
+    return run_sync(plan, http, executor, on_write=on_write)
 
 
 async def _call_async(http: AsyncTransport, call: Call) -> CallResult:

@@ -27,15 +27,17 @@ from typing import Any
 from .._models import SendResult
 from ..errors import ProducerClosedError, QClientError, SendTimeoutError
 from ._core import ProducerCore
-from ._plan import Item, Plan
+from ._plan import Item
 
 __all__ = ["SyncCoalescer"]
 
 log = logging.getLogger(__name__)
 
 Result = SendResult | QClientError
-#: runs a send plan; the callback is called once its first request is written
-Run = Callable[[Plan, Callable[[], None]], Any]
+#: sends a chunk of items (``one_chunk``: all for one broker, queues assigned) within a
+#: deadline and returns their results; the callback is called once its first request is
+#: written
+Run = Callable[[list[Item], float, bool, Callable[[], None]], Any]
 
 #: requests in flight per broker for coalesced sends (the producer's
 #: ``max_in_flight_per_broker`` if lower). Fewer slots make bigger shared requests: with
@@ -83,27 +85,27 @@ class SyncCoalescer:
         """Send one message whose queue is chosen; its result or typed error."""
         assert item.queue is not None
         broker = item.queue.broker_name
-        me = _Waiter(item, deadline)
         with self._lock:
             queue = self._queues.get(broker)
             busy = self._in_flight.get(broker, 0)
             if busy < self._limit and not queue:
                 self._in_flight[broker] = busy + 1
-                batch: list[_Waiter] | None = [me]
+                me = None
             else:
                 if queue is None:
                     queue = self._queues[broker] = deque()
+                me = _Waiter(item, deadline)
                 me.hold()
                 queue.append(me)
-                batch = None
+        if me is None:  # a free slot: the request leaves at once, alone
+            return self._lead(broker, [item], deadline, [])
+        batch = self._follow(broker, me)
         if batch is None:
-            batch = self._follow(broker, me)
-            if batch is None:
-                assert me.result is not None
-                return me.result
-        self._lead(broker, batch, me)
-        assert me.result is not None
-        return me.result
+            assert me.result is not None
+            return me.result
+        # this caller sends the batch it was handed (it is the batch's first member)
+        deadline = min(w.deadline for w in batch)
+        return self._lead(broker, [w.item for w in batch], deadline, batch[1:])
 
     def _follow(self, broker: str, me: _Waiter) -> list[_Waiter] | None:
         """Wait until a leader answered ``me`` (None) or handed it a batch to send."""
@@ -163,12 +165,13 @@ class SyncCoalescer:
         for w in answered:
             w.done.release()
 
-    def _lead(self, broker: str, batch: list[_Waiter], me: _Waiter) -> None:
-        """Send ``batch`` in this thread, answer its members, pass the slot on."""
-        items = [w.item for w in batch]
+    def _lead(
+        self, broker: str, items: list[Item], deadline: float, others: list[_Waiter]
+    ) -> Result:
+        """Send ``items`` in this thread (the caller's first, then those of ``others``),
+        answer ``others``, pass the slot on; returns the caller's result."""
         for i, it in enumerate(items):
             it.index = i
-        deadline = min(w.deadline for w in batch)
         one_chunk = self._core.strategy.latency_fault_tolerance.is_available(broker)
         if not one_chunk:  # isolated while these waited: choose again, avoiding it
             for it in items:
@@ -176,22 +179,21 @@ class SyncCoalescer:
         results: list[Any]
         error: BaseException | None = None
         try:
-            plan = self._core.plan_send(items, deadline=deadline, one_chunk=one_chunk)
-            results = self._run(plan, self._wake_answered)
+            results = self._run(items, deadline, one_chunk, self._wake_answered)
         except Exception as exc:  # a bug must still answer every caller
-            log.exception("sending %d coalesced message(s) to %s failed", len(batch), broker)
-            results = [exc if isinstance(exc, QClientError) else _wrap(exc)] * len(batch)
+            log.exception("sending %d coalesced message(s) to %s failed", len(items), broker)
+            results = [exc if isinstance(exc, QClientError) else _wrap(exc)] * len(items)
         except BaseException as exc:  # interrupted: answer the others, then re-raise
             error = exc
-            results = [ProducerClosedError("the sending thread was interrupted")] * len(batch)
+            results = [ProducerClosedError("the sending thread was interrupted")] * len(items)
         self._wake_answered()  # if the request was never written
-        for w, r in zip(batch, results, strict=True):
+        for w, r in zip(others, results[1:], strict=True):
             w.result = r
+        answered = others
         with self._lock:
             self._in_flight[broker] -= 1
             nxt = self._next_batch(broker)
-            answered = [w for w in batch if w is not me]
-            if nxt:  # woken by nxt's sender once its request is out
+            if nxt and answered:  # woken by nxt's sender once its request is out
                 self._answered.extend(answered)
                 answered = []
         if nxt:
@@ -200,6 +202,8 @@ class SyncCoalescer:
             w.done.release()
         if error is not None:
             raise error
+        result: Result = results[0]
+        return result
 
     def _next_batch(self, broker: str) -> list[_Waiter] | None:
         """With the lock held: the queued batch a free slot of ``broker`` sends next, its

@@ -35,9 +35,9 @@ from . import lifecycle
 from ._ambiguous import AmbiguousCopies
 from ._background import Background
 from ._base import ProducerBase, batch_outcome
-from ._drivers import SyncSlots, run_sync
+from ._drivers import SyncSlots, run_sync, send_chunk_sync
 from ._future import SendFuture
-from ._plan import Item, Plan
+from ._plan import Item
 from .coalescer import SyncCoalescer
 from .sender import Sender
 
@@ -99,7 +99,7 @@ class Producer(ProducerBase):
         self._sender: Sender | None = None
         self._slots = SyncSlots(cfg.max_in_flight_per_broker)
         #: concurrent single sends share requests (a lone one leaves at once, in its thread)
-        self._coalescer = SyncCoalescer(self._core, self._run_plan, cfg.max_in_flight_per_broker)
+        self._coalescer = SyncCoalescer(self._core, self._send_chunk, cfg.max_in_flight_per_broker)
         self._watch_ambiguous()
 
     def _watch_ambiguous(self) -> None:
@@ -127,7 +127,7 @@ class Producer(ProducerBase):
         self._pool = None  # its threads stayed in the parent
         self._sender = None  # so did the send_async thread and what it had buffered
         self._slots = SyncSlots(cfg.max_in_flight_per_broker)
-        self._coalescer = SyncCoalescer(self._core, self._run_plan, cfg.max_in_flight_per_broker)
+        self._coalescer = SyncCoalescer(self._core, self._send_chunk, cfg.max_in_flight_per_broker)
         self._watch_ambiguous()  # its thread stayed in the parent
 
     def _forked(self) -> None:
@@ -158,7 +158,14 @@ class Producer(ProducerBase):
                     )
         return self._pool
 
-    def _run_plan(self, plan: Plan, on_write: Callable[[], None] | None = None) -> Any:
+    def _send_chunk(
+        self, items: list[Item], deadline: float, one_chunk: bool, on_write: Callable[[], None]
+    ) -> Any:
+        """The coalescer's sends: one chunk sent directly, or a plan that chooses again."""
+        if one_chunk:
+            core, http = self._core, self._http
+            return send_chunk_sync(core, items, deadline, http, self._executor, on_write)
+        plan = self._core.plan_send(items, deadline=deadline)
         return run_sync(plan, self._http, self._executor, on_write=on_write)
 
     def _send_one(
