@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 # Re-install only when pyproject.toml changes.
 SIG    := $(shell cksum < pyproject.toml | cut -d' ' -f1)
 
-.PHONY: setup demo test test-rocketmq lint bench clean
+.PHONY: setup demo test lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,17 +27,13 @@ demo: $(VENV)/.core-$(SIG)
 	$(BIN)/qclient demo
 
 ## test: the whole suite (what CI runs), three workers: most tests wait on real delays,
-## timeouts and processes, not on the CPU; the Spark tests share one worker (one JVM).
+## timeouts and processes, not on the CPU. Tests of one xdist_group share a worker: the
+## Spark tests one Spark JVM, each RocketMQ module its cluster (pytest<9: see pyproject).
 ## A crashed worker is not replaced: pytest-xdist 3.8's loadgroup scheduler can wait
 ## forever for a replacement's work (pytest-dev/pytest-xdist#1323, #1378), so a crash
 ## must end the run as a failure naming the test, not hang it.
 test: setup
 	$(BIN)/python -m pytest -q -n 3 --dist loadgroup --max-worker-restart=0
-
-## test-rocketmq: the same with RocketMQ's long tests too (replica groups, kills, Java
-## peers, member processes, Spark on RocketMQ: a cluster or more each)
-test-rocketmq: setup
-	QCLIENT_ROCKETMQ_FULL=1 $(BIN)/python -m pytest -q -n 3 --dist loadgroup --max-worker-restart=0
 
 lint: setup
 	$(BIN)/ruff check src tests benchmarks examples

@@ -54,7 +54,8 @@ def connection_split(addr: str, broker_name: str, n: int) -> str:
     (after 50 warm-up calls), as one line."""
     lat: list[float] = []
     prefix = uuid.uuid4().hex[:24]
-    with Connection(addr) as conn:  # open across the split: an ended thread's CPU is gone
+    # read by its callers, as the producer's are; open across the split
+    with Connection(addr, read_by_callers=True) as conn:
         for i in range(50):
             conn.call(bare_request(prefix, i, broker_name), 10.0)
 

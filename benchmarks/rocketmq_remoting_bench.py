@@ -147,9 +147,14 @@ def _interleaved(calls: int, a: Callable[[int], Any], b: Callable[[int], Any]) -
 
 def blocking_single(addr: str, calls: int) -> dict[str, Any]:
     """The bare socket loop (encode + sendall + recv + decode on this thread: no reader
-    thread, no opaque matching) against ``Connection.call``, one thread."""
+    thread, no opaque matching) against ``Connection.call``, one thread: with its reader
+    thread, and read by its callers (a producer's)."""
     host, port = addr.rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=5) as sock, Connection(addr) as conn:
+    with (
+        socket.create_connection((host, int(port)), timeout=5) as sock,
+        Connection(addr) as conn,
+        Connection(addr, read_by_callers=True) as own,
+    ):
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         dec = FrameDecoder()
 
@@ -163,9 +168,13 @@ def blocking_single(addr: str, calls: int) -> dict[str, Any]:
         def driver(i: int) -> RemotingCommand:
             return conn.call(_probe(i), 5.0)
 
-        assert bare(0).code == driver(0).code == TOPIC_NOT_EXIST
+        def callers(i: int) -> RemotingCommand:
+            return own.call(_probe(i), 5.0)
+
+        assert bare(0).code == driver(0).code == callers(0).code == TOPIC_NOT_EXIST
         bare_res, driver_res = _interleaved(calls, bare, driver)
-    return {"bare_socket": bare_res, "connection": driver_res}
+        _, callers_res = _interleaved(calls, bare, callers)
+    return {"bare_socket": bare_res, "connection": driver_res, "callers_read": callers_res}
 
 
 async def _async_interleaved(
@@ -221,9 +230,11 @@ async def async_single(addr: str, calls: int) -> dict[str, Any]:
 # --- throughput ----------------------------------------------------------------------------
 
 
-def threads_one_connection(addr: str, threads: int, per_thread: int) -> dict[str, float]:
+def threads_one_connection(
+    addr: str, threads: int, per_thread: int, by_callers: bool = False
+) -> dict[str, float]:
     """``threads`` threads sharing one Connection, ``per_thread`` calls each."""
-    with Connection(addr) as conn:
+    with Connection(addr, read_by_callers=by_callers) as conn:
         conn.call(_probe(0), 5.0)
         done = [0] * threads
         end = time.monotonic() + PHASE_LIMIT_S
@@ -324,6 +335,9 @@ def measure(addr: str, calls: int, threads: int, per_thread: int) -> dict[str, A
     res: dict[str, Any] = {"calls": calls}
     res["blocking_one_thread"] = blocking_single(addr, calls)
     res[f"connection_{threads}_threads"] = threads_one_connection(addr, threads, per_thread)
+    res[f"connection_{threads}_threads_callers_read"] = threads_one_connection(
+        addr, threads, per_thread, by_callers=True
+    )
     res["connection_call_many_100"] = call_many_batches(addr, threads * per_thread // 100)
     kinds = ["asyncio"]
     with contextlib.suppress(ImportError):
@@ -340,7 +354,10 @@ def measure(addr: str, calls: int, threads: int, per_thread: int) -> dict[str, A
     # the bare blocking socket loop too)
     one = res["blocking_one_thread"]
     bare_p50 = one["bare_socket"]["p50_us"]
-    adds = {"blocking_vs_bare_socket": round(one["connection"]["p50_us"] - bare_p50, 1)}
+    adds = {
+        "blocking_vs_bare_socket": round(one["connection"]["p50_us"] - bare_p50, 1),
+        "callers_read_vs_bare_socket": round(one["callers_read"]["p50_us"] - bare_p50, 1),
+    }
     for kind in kinds:
         pair = res[f"{kind}_one_task"]
         p50 = pair["async_connection"]["p50_us"]
