@@ -27,9 +27,13 @@ in ``--smoke``), the same 100 B bodies, the same counts, the same code
   (% of one core, psutil) and peak RSS from the first due time to the last received.
 
 Goals (RocketMQ): the SDK adds <= 50 us CPU per message over the bare request, and its
-one-call p50 <= 1.3x the bare round trip's. Without java or the RocketMQ jars the RocketMQ
-side is ``skipped`` with the reason. ``--profile`` adds, on stderr, each engine's one-call
-loop's CPU per message by thread and a cProfile of the caller's thread by CPU time.
+one-call p50 <= 1.3x the bare round trip's; both against the floor over every broker in
+turn when there are several (the bare requests of the same workload: the SDK's round robin
+spreads its sends, and alternating broker JVMs costs the bare loop itself ~0.08 ms p50),
+with the one-broker floor's figures printed beside them. Without java or the RocketMQ
+jars the RocketMQ side is ``skipped`` with the reason. ``--profile`` adds, on stderr, each
+engine's one-call loop's CPU per message by thread and a cProfile of the caller's thread
+by CPU time.
 
     python -m benchmarks.engines_bench [--json] [--smoke] [--engines qclient,rocketmq]
 """
@@ -155,7 +159,7 @@ def run_engine(engine: str, brokers: int, a: argparse.Namespace) -> dict[str, An
             res["rounds_p50_ms"] = [[f["p50_ms"], s["p50_ms"]] for f, s in rounds]
             if rounds_all:
                 res["floor_all_brokers"] = _median([f for f, _ in rounds_all])
-                res["floor_all_brokers"]["p50_vs_floor"] = _paired(rounds_all)["p50_vs_floor"]
+                res["floor_all_brokers"].update(_paired(rounds_all))
             if a.profile:
                 rmq = (b0.addr, b0.name) if engine == "rocketmq" else None
                 print(f"--- {engine}: {profile_one_call(p, n1, rmq)}", file=sys.stderr)
@@ -192,6 +196,8 @@ ROWS: list[tuple[str, str]] = [
     ("SDK adds CPU us/msg", "sdk_adds_cpu_us_per_msg"),
     ("one-call p50 / floor p50", "p50_vs_floor"),
     ("floor over every broker p50 ms", "floor_all_brokers.p50_ms"),
+    ("floor over every broker client CPU us/req", "floor_all_brokers.client_cpu_us_per_request"),
+    ("SDK adds CPU us/msg over that floor", "floor_all_brokers.sdk_adds_cpu_us_per_msg"),
     ("one-call p50 / that floor's p50", "floor_all_brokers.p50_vs_floor"),
     ("64 threads msgs/s", "threads64.msgs_per_s"),
     ("64 threads p50 ms", "threads64.p50_ms"),
@@ -239,22 +245,24 @@ def side_by_side(engines: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def goals(rmq: dict[str, Any]) -> list[dict[str, Any]]:
-    """The RocketMQ goal lines, each carrying its floor."""
-    cpu, ratio = rmq["sdk_adds_cpu_us_per_msg"], rmq["p50_vs_floor"]
+    """The RocketMQ goal lines, each carrying its floor: the floor over every broker when
+    it was measured (the same spread of sends as the SDK's), else the one-broker floor."""
+    floor = rmq.get("floor_all_brokers") or {**rmq["floor"], **rmq}
+    cpu, ratio = floor.get("sdk_adds_cpu_us_per_msg"), floor.get("p50_vs_floor")
     return [
         report.target(
             "RocketMQ: SDK CPU us/msg over the bare request",
             cpu,
             f"<= {GOAL_CPU_US:g}",
             cpu is not None and cpu <= GOAL_CPU_US,
-            floor=rmq["floor"].get("client_cpu_us_per_request"),
+            floor=floor.get("client_cpu_us_per_request"),
         ),
         report.target(
             "RocketMQ: one-call p50 / bare round trip p50",
             ratio,
             f"<= {GOAL_P50_RATIO:g}",
             ratio is not None and ratio <= GOAL_P50_RATIO,
-            floor=rmq["floor"].get("p50_ms"),
+            floor=floor.get("p50_ms"),
         ),
     ]
 
