@@ -9,7 +9,7 @@ from typing import TypeVar
 
 import pytest
 
-from qclient import Consumer, ReceivedMessage
+from qclient import Consumer, ReceivedMessage, SendResult
 from qclient.protocol import wire
 
 T = TypeVar("T")
@@ -74,3 +74,45 @@ def not_early(m: ReceivedMessage) -> bool:
 
 def duplicates(messages: list[ReceivedMessage]) -> int:
     return sum(n - 1 for n in Counter(m.msg_id for m in messages).values())
+
+
+def drain_ids(
+    namesrv: str, topic: str, group: str, want: set[str], timeout: float, settle: float = 1.0
+) -> list[ReceivedMessage]:
+    """Consume until every id of ``want`` arrived (or ``timeout``), then ``settle`` s more
+    so duplicates show up too; each message's ``extra["received_ms"]`` is when its poll
+    returned. Prints the consumer's counters when it has them (RocketMQ's drops the
+    duplicates of a UNIQ_KEY it returned recently)."""
+    got: list[ReceivedMessage] = []
+    seen: set[str] = set()
+    deadline = time.monotonic() + timeout
+    with Consumer(namesrv, topic, group) as consumer:
+        while not want <= seen and time.monotonic() < deadline:
+            for m in poll_stamped(consumer, 512, 0.5):
+                got.append(m)
+                seen.add(m.msg_id)
+        end = time.monotonic() + settle
+        while time.monotonic() < end:
+            got.extend(poll_stamped(consumer, 512, 0.25))
+        stats = getattr(consumer, "stats", None)
+        if callable(stats):
+            print(f"drain consumer counters: {stats()}")
+    return got
+
+
+def check_delivered(got: list[ReceivedMessage], acked: dict[str, SendResult]) -> None:
+    """Every acknowledged message arrived, none before its deliver time; prints the
+    duplicates and the copies of messages that were never acknowledged."""
+    ids = Counter(m.msg_id for m in got)
+    missing = set(acked) - set(ids)
+    dups = sum(n - 1 for n in ids.values())
+    strays = len(set(ids) - set(acked))
+    print(f"delivered {len(ids)} ids for {len(acked)} acked: {dups} duplicates, {strays} unacked")
+    assert not missing, f"{len(missing)} of {len(acked)} acknowledged messages never arrived"
+    early = [
+        m
+        for m in got
+        if m.msg_id in acked
+        and m.extra["received_ms"] < max(acked[m.msg_id].deliver_at_ms, m.deliver_at_ms)
+    ]
+    assert not early, f"{len(early)} received before their deliver time, first {early[0]}"

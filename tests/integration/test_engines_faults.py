@@ -21,10 +21,10 @@ from typing import Any
 
 import pytest
 
-from qclient import Consumer, LocalCluster, Message, Producer, ReceivedMessage, SendResult
+from qclient import Consumer, LocalCluster, Message, Producer, SendResult
 from qclient.errors import QClientError
 
-from .helpers import poll_stamped, wait_until
+from .helpers import check_delivered, drain_ids, wait_until
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.xdist_group("engines-faults")]
 
@@ -44,48 +44,6 @@ def _topic(cluster: Any, name: str) -> str:
     topic = f"{name}-{cluster.engine}"
     cluster.create_topic(topic, 4)
     return topic
-
-
-def _drain(
-    namesrv: str, topic: str, group: str, want: set[str], timeout: float, settle: float = 1.0
-) -> list[ReceivedMessage]:
-    """Consume until every id of ``want`` arrived (or ``timeout``), then ``settle`` s more
-    so duplicates show up too; each message's ``extra["received_ms"]`` is when its poll
-    returned. Prints the consumer's counters when it has them (RocketMQ's drops the
-    duplicates of a UNIQ_KEY it returned recently)."""
-    got: list[ReceivedMessage] = []
-    seen: set[str] = set()
-    deadline = time.monotonic() + timeout
-    with Consumer(namesrv, topic, group) as consumer:
-        while not want <= seen and time.monotonic() < deadline:
-            for m in poll_stamped(consumer, 512, 0.5):
-                got.append(m)
-                seen.add(m.msg_id)
-        end = time.monotonic() + settle
-        while time.monotonic() < end:
-            got.extend(poll_stamped(consumer, 512, 0.25))
-        stats = getattr(consumer, "stats", None)
-        if callable(stats):
-            print(f"drain consumer counters: {stats()}")
-    return got
-
-
-def _check_delivered(got: list[ReceivedMessage], acked: dict[str, SendResult]) -> None:
-    """Every acknowledged message arrived, none before its deliver time; prints the
-    duplicates and the copies of messages that were never acknowledged."""
-    ids = Counter(m.msg_id for m in got)
-    missing = set(acked) - set(ids)
-    dups = sum(n - 1 for n in ids.values())
-    strays = len(set(ids) - set(acked))
-    print(f"delivered {len(ids)} ids for {len(acked)} acked: {dups} duplicates, {strays} unacked")
-    assert not missing, f"{len(missing)} of {len(acked)} acknowledged messages never arrived"
-    early = [
-        m
-        for m in got
-        if m.msg_id in acked
-        and m.extra["received_ms"] < max(acked[m.msg_id].deliver_at_ms, m.deliver_at_ms)
-    ]
-    assert not early, f"{len(early)} received before their deliver time, first {early[0]}"
 
 
 def test_kill9_one_broker_while_sending(cluster):
@@ -136,8 +94,8 @@ def test_kill9_one_broker_while_sending(cluster):
             victim.start()
             print(f"[{cluster.engine}] {victim.name} restarted in {time.monotonic() - t1:.1f} s")
     cluster.create_topic(topic, 4)  # waits until the name server routes it to both again
-    got = _drain(cluster.namesrv, topic, "g-kill9", set(acked), timeout=90)
-    _check_delivered(got, acked)
+    got = drain_ids(cluster.namesrv, topic, "g-kill9", set(acked), timeout=90)
+    check_delivered(got, acked)
 
 
 def test_sigstop_one_broker_then_sigcont(cluster):
@@ -210,8 +168,8 @@ def test_sigstop_one_broker_then_sigcont(cluster):
             send(p, f"a{i}")
         print(f"[{cluster.engine}] {victim.name} acknowledged a send {back:.2f} s after SIGCONT")
         assert not errors, errors[:3]
-    got = _drain(cluster.namesrv, topic, "g-pause", set(acked), timeout=60)
-    _check_delivered(got, acked)
+    got = drain_ids(cluster.namesrv, topic, "g-pause", set(acked), timeout=60)
+    check_delivered(got, acked)
 
 
 class _Member:
