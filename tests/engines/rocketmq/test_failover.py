@@ -142,3 +142,59 @@ def test_master_killed_while_64_threads_send(cluster: RocketMQCluster) -> None:
             "after a master restart without an election"
         )
     check_delivered(got, acked)
+
+
+def test_master_paused_costs_at_most_one_attempt_share(cluster: RocketMQCluster) -> None:
+    """A master SIGSTOPped while one thread sends: no call waits longer than one
+    attempt's share of ``send_timeout`` (plus the host's slack), no errors, the group
+    takes sends again after SIGCONT, and every acknowledged message is delivered."""
+    topic = "failover-pause"
+    cluster.create_topic(topic, 4)
+    victim = cluster.broker("broker-b")
+    send_timeout, retry_times = 3.0, 2
+    share = send_timeout / (retry_times + 1)
+    acked: dict[str, SendResult] = {}
+    errors: list[QClientError] = []
+    latencies: list[float] = []
+
+    def send(p: Producer, body: str) -> SendResult | None:
+        t = time.monotonic()
+        try:
+            r = p.send_delayed(topic, body, delay=1.0)
+        except QClientError as exc:
+            errors.append(exc)
+            return None
+        finally:
+            latencies.append(time.monotonic() - t)
+        acked[r.msg_id] = r
+        return r
+
+    with Producer(cluster.namesrv, send_timeout=send_timeout, retry_times=retry_times) as p:
+        for i in range(50):
+            send(p, f"w{i}")
+        latencies.clear()
+        victim.pause()
+        try:
+            for i in range(300):
+                send(p, f"m{i}")
+        finally:
+            victim.resume()
+        paused = sorted(latencies)
+        # the call that met the hung master waits its share there, then goes elsewhere
+        normal = max((t for t in paused if t < share / 2), default=0.0)
+        limit = share + 0.3 + min(normal, share / 2)
+        print(
+            f"\n300 sends with {victim.name} paused: max {paused[-1]:.3f} s (limit "
+            f"{limit:.3f} s), median {paused[len(paused) // 2]:.4f} s, {len(errors)} errors"
+        )
+        assert paused[-1] < limit, f"a call took {paused[-1]:.3f} s"
+        assert not errors, errors[:3]
+
+        def back_in_use() -> bool:
+            r = send(p, "after")
+            return r is not None and r.broker_name == "broker-b"
+
+        wait_until(back_in_use, 60, "a send acknowledged by broker-b after SIGCONT")
+        assert not errors, errors[:3]
+    got = drain_ids(cluster.namesrv, topic, "g-pause", set(acked), timeout=90)
+    check_delivered(got, acked)
