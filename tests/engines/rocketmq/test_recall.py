@@ -70,7 +70,8 @@ _WHY = _why_not()
 # CI installs the jars in `make setup`: there a missing JVM or jar is a failure, not a skip.
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.xdist_group("rocketmq-recall"),
+    # one worker runs the "rocketmq" modules one after another: one such cluster at a time
+    pytest.mark.xdist_group("rocketmq"),
     pytest.mark.skipif(_WHY is not None and not os.environ.get("CI"), reason=str(_WHY)),
 ]
 
