@@ -38,8 +38,8 @@ _WHY = _why_not()
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.timeout(420),
-    # after the local-cluster tests, on their worker: their JVMs and these five never
-    # run at once on a 2-core host
+    # the local-cluster tests' worker runs these too, one module after the other: their
+    # JVMs and these five never run at once on a 2-core host
     pytest.mark.xdist_group("rocketmq-local-cluster"),
     pytest.mark.skipif(_WHY is not None and not os.environ.get("CI"), reason=str(_WHY)),
 ]
