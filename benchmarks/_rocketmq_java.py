@@ -159,13 +159,15 @@ def run_produce(
     props: Mapping[str, str] | None = None,
     body: str | None = None,
     group: str | None = None,
+    send_timeout_ms: int | None = None,
     timeout_s: float = 60.0,
 ) -> list[dict[str, Any]]:
     """Send ``count`` messages one by one with the Java producer and return one dict per send:
     uniqKey, msgId (broker offset id), status, queueId, queueOffset, brokerName, recallHandle,
     deliverAtMs, keys, sentMs -- or index and error for a send that failed. ``{i}`` in
     ``body`` and ``keys`` is the message's index (default body ``java-peer-{i}``);
-    ``delay_ms`` gives each message a deliver time of its send time plus the delay."""
+    ``delay_ms`` gives each message a deliver time of its send time plus the delay;
+    ``send_timeout_ms`` the producer's ``sendMsgTimeout`` (the client's 3 s by default)."""
     args = _flags(
         namesrv=namesrv_addr,
         topic=topic,
@@ -176,6 +178,7 @@ def run_produce(
         keys=keys,
         body=body,
         group=group,
+        send_timeout_ms=send_timeout_ms,
     )
     for key, value in (props or {}).items():
         args += ["--prop", f"{key}={value}"]

@@ -26,7 +26,9 @@ from qclient.errors import QClientError
 
 from .helpers import check_delivered, drain_ids, wait_until
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.xdist_group("engines-faults")]
+# the "rocketmq" group: one worker runs its modules one after another, so this module's
+# RocketMQ cluster never runs beside another RocketMQ module's
+pytestmark = [pytest.mark.timeout(300), pytest.mark.xdist_group("rocketmq")]
 
 ENGINES = ["qclient", "rocketmq"]
 #: a group member in its own process (prints ``ready <id>``, then one line per poll)

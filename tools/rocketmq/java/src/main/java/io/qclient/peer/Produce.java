@@ -18,7 +18,7 @@ import org.apache.rocketmq.common.message.Message;
  */
 final class Produce {
     private static final Set<String> FLAGS = Set.of("namesrv", "topic", "count", "delay-ms",
-            "deliver-at-ms", "tags", "keys", "prop", "body", "group");
+            "deliver-at-ms", "tags", "keys", "prop", "body", "group", "send-timeout-ms");
 
     private Produce() {}
 
@@ -34,6 +34,8 @@ final class Produce {
         long deliverAtMs = a.num("deliver-at-ms", 0);
         DefaultMQProducer producer = new DefaultMQProducer(a.str("group", "qclient-java-peer-producer"));
         Main.configure(producer, a.required("namesrv"));
+        // the client's default (3 s) unless given: tests on a loaded host give more
+        producer.setSendMsgTimeout((int) a.num("send-timeout-ms", producer.getSendMsgTimeout()));
         producer.start();
         int failed = 0;
         try {
