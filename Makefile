@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 # Re-install only when pyproject.toml changes.
 SIG    := $(shell cksum < pyproject.toml | cut -d' ' -f1)
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test test-rocketmq lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,11 @@ demo: $(VENV)/.core-$(SIG)
 ## must end the run as a failure naming the test, not hang it.
 test: setup
 	$(BIN)/python -m pytest -q -n 3 --dist loadgroup --max-worker-restart=0
+
+## test-rocketmq: the same with RocketMQ's long tests too (replica groups and failover,
+## kills, Java peers, member processes, Spark on RocketMQ; tests/conftest.py says why apart)
+test-rocketmq: setup
+	QCLIENT_ROCKETMQ_FULL=1 $(BIN)/python -m pytest -q -n 3 --dist loadgroup --max-worker-restart=0
 
 lint: setup
 	$(BIN)/ruff check src tests benchmarks examples
