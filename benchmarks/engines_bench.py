@@ -65,7 +65,6 @@ from benchmarks._suite import report
 from benchmarks._suite.values import fmt
 from benchmarks.one_call_bench import BODY, TOPIC, bare_client, many_threads, one_thread
 from qclient import LocalCluster, Producer
-from qclient.errors import ClusterError
 
 ENGINES = ("qclient", "rocketmq")
 LAT_TOPIC = "engines-lateness"
@@ -77,14 +76,9 @@ GOAL_P50_RATIO = 1.3
 
 def rocketmq_missing() -> str | None:
     """Why RocketMQ clusters cannot start here (no java 17+, no jars), or None."""
-    from qclient.engines.rocketmq.local.runtime import find_java, find_lib
+    from qclient.engines.rocketmq.local.runtime import missing
 
-    try:
-        find_java()
-        find_lib()
-    except ClusterError as exc:
-        return str(exc)
-    return None
+    return missing()
 
 
 def _median(rounds: list[dict[str, Any]]) -> dict[str, Any]:

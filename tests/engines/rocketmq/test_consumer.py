@@ -12,7 +12,6 @@ broker sees their connections close as it would for a crashed service.
 from __future__ import annotations
 
 import gc
-import os
 import socket
 import statistics
 import threading
@@ -30,8 +29,7 @@ from qclient import Message, Producer
 from qclient.consumer import allocate_averagely
 from qclient.engines.rocketmq.consumer import RocketMQConsumer
 from qclient.engines.rocketmq.local import RocketMQCluster
-from qclient.engines.rocketmq.local.runtime import find_java, find_lib
-from qclient.errors import ClusterError, ConsumerClosedError, NameServerUnavailableError
+from qclient.errors import ConsumerClosedError, NameServerUnavailableError
 
 from ._consumer_helpers import (
     Member,
@@ -45,23 +43,12 @@ from ._consumer_helpers import (
     send_delayed_while_polling,
     wait_for,
 )
+from ._needs import needs_rocketmq
 
-
-def _why_not() -> str | None:
-    try:
-        find_java()
-        find_lib()
-    except ClusterError as exc:
-        return str(exc)
-    return None
-
-
-_WHY = _why_not()
-# CI installs the jars in `make setup`: there a missing JVM or jar is a failure, not a skip.
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.xdist_group("rocketmq"),
-    pytest.mark.skipif(_WHY is not None and not os.environ.get("CI"), reason=str(_WHY)),
+    needs_rocketmq,
 ]
 
 QUEUES = 4  # per broker: 8 in all

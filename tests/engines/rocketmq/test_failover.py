@@ -9,7 +9,6 @@ delivered, none before its time.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections import Counter
@@ -20,28 +19,17 @@ from tests.integration.helpers import check_delivered, drain_ids, wait_until
 
 from qclient import Producer, SendResult
 from qclient.engines.rocketmq.local import RocketMQCluster
-from qclient.engines.rocketmq.local.runtime import find_java, find_lib
-from qclient.errors import ClusterError, QClientError
+from qclient.errors import QClientError
 
+from ._needs import needs_rocketmq
 
-def _why_not() -> str | None:
-    try:
-        find_java()
-        find_lib()
-    except ClusterError as exc:
-        return str(exc)
-    return None
-
-
-_WHY = _why_not()
-# CI installs the jars in `make setup`: there a missing JVM or jar is a failure, not a skip.
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.timeout(420),
     # the local-cluster tests' worker runs these too, one module after the other: their
     # JVMs and these five never run at once on a 2-core host
     pytest.mark.xdist_group("rocketmq-local-cluster"),
-    pytest.mark.skipif(_WHY is not None and not os.environ.get("CI"), reason=str(_WHY)),
+    needs_rocketmq,
 ]
 
 THREADS = 64

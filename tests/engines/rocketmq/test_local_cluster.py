@@ -34,27 +34,15 @@ from qclient.engines.rocketmq.local.runtime import (
     broker_ports,
     die_with_parent,
     find_ha_jar,
-    find_java,
-    find_lib,
 )
 from qclient.engines.rocketmq.remoting import request
 
+from ._needs import needs_rocketmq
 
-def _why_not() -> str | None:
-    try:
-        find_java()
-        find_lib()
-    except ClusterError as exc:
-        return str(exc)
-    return None
-
-
-_WHY = _why_not()
-# CI installs the jars in `make setup`: there a missing JVM or jar is a failure, not a skip.
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.xdist_group("rocketmq-local-cluster"),
-    pytest.mark.skipif(_WHY is not None and not os.environ.get("CI"), reason=str(_WHY)),
+    needs_rocketmq,
 ]
 
 

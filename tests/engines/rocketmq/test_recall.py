@@ -19,7 +19,6 @@ after the module, also when a test fails.
 from __future__ import annotations
 
 import base64
-import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -31,7 +30,7 @@ from qclient.engines.rocketmq import message as msg
 from qclient.engines.rocketmq.codes import RequestCode, ResponseCode
 from qclient.engines.rocketmq.connection import Connection
 from qclient.engines.rocketmq.local import RocketMQCluster
-from qclient.engines.rocketmq.local.runtime import TIMER_PRECISION_MS, find_java, find_lib
+from qclient.engines.rocketmq.local.runtime import TIMER_PRECISION_MS
 from qclient.engines.rocketmq.message import StoredMessage
 from qclient.engines.rocketmq.recall import (
     RECALL_TAG,
@@ -52,27 +51,15 @@ from qclient.engines.rocketmq.recall import (
     timer_slot,
 )
 from qclient.engines.rocketmq.remoting import RemotingCommand, request
-from qclient.errors import ClusterError
 
 from ._consumer_helpers import name, wait_for
+from ._needs import needs_rocketmq
 
-
-def _why_not() -> str | None:
-    try:
-        find_java()
-        find_lib()
-    except ClusterError as exc:
-        return str(exc)
-    return None
-
-
-_WHY = _why_not()
-# CI installs the jars in `make setup`: there a missing JVM or jar is a failure, not a skip.
 pytestmark = [
     pytest.mark.slow,
     # one worker runs the "rocketmq" modules one after another: one such cluster at a time
     pytest.mark.xdist_group("rocketmq"),
-    pytest.mark.skipif(_WHY is not None and not os.environ.get("CI"), reason=str(_WHY)),
+    needs_rocketmq,
 ]
 
 GROUP = "qclient-recall-test"

@@ -126,6 +126,17 @@ def find_lib() -> Path:
     return lib
 
 
+def missing() -> str | None:
+    """Why RocketMQ processes cannot start here (no Java 17+, no jars: the one-line error
+    naming the fix), or None when they can."""
+    try:
+        find_java()
+        find_lib()
+    except ClusterError as exc:
+        return str(exc)
+    return None
+
+
 def find_ha_jar() -> Path | None:
     """The HA jar (``HA_JAR``) built in the checkout qclient is installed from, or None."""
     root = Path(qclient.__file__).resolve().parents[2]  # an editable install
