@@ -231,6 +231,8 @@ class ReceivedMessage:
     broker_name: str
     queue_id: int
     offset: int
+    #: 1 on the first delivery to this group, one more per ``Consumer.retry_later``
+    attempt: int = 1
     extra: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
