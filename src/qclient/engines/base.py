@@ -20,8 +20,9 @@ if TYPE_CHECKING:
     from .._config import ProducerConfig
     from .._models import SendResult
     from ..errors import QClientError
-    from ..producer._plan import CallResult, Item
-    from ..protocol.wire import TopicRoute
+    from ..producer._core import ProducerCore
+    from ..producer._plan import CallResult, Item, Plan
+    from ..protocol.wire import RescheduleRequest, TopicRoute
     from ..transport.errors import Outcome
     from ..transport.http import Credentials
 
@@ -114,6 +115,44 @@ class Engine(ABC):
 
     def unsupported(self, feature: str, why: str = "") -> UnsupportedByEngineError:
         return UnsupportedByEngineError(self.name, feature, why)
+
+    # --- lifecycle by id (plans the producers' drivers run; ``lifecycle`` says whether
+    # the engine has them; the rules they share are in ``producer/lifecycle.py``) ----------
+
+    def plan_lookup(
+        self, core: ProducerCore, addrs: dict[str, str], topic: str, msg_id: str
+    ) -> Plan:
+        """Returns the merged ``MessageInfo`` of every master's copy, or None."""
+        raise self.unsupported("lookup", "see README's per-engine table")
+
+    def plan_lookup_on(
+        self, core: ProducerCore, topic: str, msg_id: str, broker: str, addr: str
+    ) -> Plan:
+        """Returns the state (``wire.STATE_*``) of ``broker``'s copy, or None."""
+        raise self.unsupported("lookup", "see README's per-engine table")
+
+    def plan_cancel_id(
+        self,
+        core: ProducerCore,
+        addrs: dict[str, str],
+        topic: str,
+        msg_id: str,
+        deliver_at_ms: int | None = None,
+    ) -> Plan:
+        """Returns True if this call cancelled a copy on any master (``deliver_at_ms``: the
+        time the id was sent for, when known)."""
+        raise self.unsupported("cancel", "see README's per-engine table")
+
+    def plan_cancel(self, core: ProducerCore, result: SendResult, addr: str) -> Plan:
+        """Returns True if this call cancelled ``result``'s copy on its broker (``addr``)."""
+        raise self.unsupported("cancel", "see README's per-engine table")
+
+    def plan_reschedule(
+        self, core: ProducerCore, addrs: dict[str, str], request: RescheduleRequest
+    ) -> Plan:
+        """Returns the ``SendResult`` of the moved message (``MessageNotScheduledError``
+        when no copy is scheduled)."""
+        raise self.unsupported("reschedule", "see README's per-engine table")
 
     # --- I/O objects ------------------------------------------------------------------
 

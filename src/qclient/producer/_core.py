@@ -34,6 +34,7 @@ from ..routing.publish_info import MessageQueue, TopicPublishInfo
 from ..routing.route_cache import RouteCache
 from ..transport.errors import Outcome
 from ._plan import (
+    MIN_ATTEMPT,
     PER_MESSAGE_OVERHEAD,
     CallResult,
     Item,
@@ -47,9 +48,6 @@ from ._stats import Stats
 __all__ = ["MIN_ATTEMPT", "ProducerCore", "carry_remaining_delay"]
 
 log = logging.getLogger(__name__)
-
-#: the shortest per-attempt timeout worth trying; below it the send has timed out
-MIN_ATTEMPT = 0.02
 
 
 class _Round(Exception):

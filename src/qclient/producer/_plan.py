@@ -13,10 +13,22 @@ from ..protocol.deadline import attempt_deadline_ms
 from ..protocol.wire import WireMessage
 from ..routing.publish_info import MessageQueue, TopicPublishInfo
 
-__all__ = ["CallResult", "HttpCall", "Item", "Plan", "Sleep", "Step", "queued_seconds"]
+__all__ = [
+    "MIN_ATTEMPT",
+    "CallResult",
+    "HttpCall",
+    "Item",
+    "Plan",
+    "Sleep",
+    "Step",
+    "queued_seconds",
+]
 
 #: framing allowance per message when sizing a chunk against batch_max_bytes
 PER_MESSAGE_OVERHEAD = 96
+
+#: the shortest per-attempt timeout worth trying; below it the send has timed out
+MIN_ATTEMPT = 0.02
 
 
 @dataclass(slots=True, eq=False)

@@ -197,7 +197,8 @@ class AsyncProducer(ProducerBase):
         return self._on_loop(self._cancel_on(result))
 
     def _lookup_copy(self, topic: str, msg_id: str, broker: str) -> str | None:
-        plan = lifecycle.plan_lookup_on(self._core, topic, msg_id, broker, self._addr_of(broker))
+        addr = self._addr_of(broker)
+        plan = self._core.engine.plan_lookup_on(self._core, topic, msg_id, broker, addr)
         state: str | None = self._on_loop(run_async(plan, self._http))
         return state
 
@@ -313,14 +314,14 @@ class AsyncProducer(ProducerBase):
             return await self._cancel_on(result)
         topic, msg_id, hint = lifecycle.cancel_target(result, topic, msg_id)
         addrs = await self._addrs(topic)
-        plan = lifecycle.plan_cancel_id(self._core, addrs, topic, msg_id, hint)
+        plan = self._core.engine.plan_cancel_id(self._core, addrs, topic, msg_id, hint)
         return bool(await run_async(plan, self._http))
 
     async def lookup(self, topic: str, msg_id: str) -> MessageInfo | None:
         """As ``Producer.lookup``."""
         self._lifecycle("lookup")
         lifecycle.check_id(topic, msg_id)
-        plan = lifecycle.plan_lookup(self._core, await self._addrs(topic), topic, msg_id)
+        plan = self._core.engine.plan_lookup(self._core, await self._addrs(topic), topic, msg_id)
         info: MessageInfo | None = await run_async(plan, self._http)
         return info
 
@@ -335,7 +336,7 @@ class AsyncProducer(ProducerBase):
         """As ``Producer.reschedule``."""
         self._lifecycle("reschedule")
         request = lifecycle.reschedule_request(self._core, topic, msg_id, delay, deliver_at)
-        plan = lifecycle.plan_reschedule(self._core, await self._addrs(topic), request)
+        plan = self._core.engine.plan_reschedule(self._core, await self._addrs(topic), request)
         result: SendResult = await run_async(plan, self._http)
         return result
 
@@ -355,7 +356,8 @@ class AsyncProducer(ProducerBase):
 
     async def _cancel_on(self, result: SendResult) -> bool:
         addr = self._addr_of(result.broker_name)
-        return bool(await run_async(lifecycle.plan_cancel(self._core, result, addr), self._http))
+        plan = self._core.engine.plan_cancel(self._core, result, addr)
+        return bool(await run_async(plan, self._http))
 
     async def close(self, timeout: float | None = None) -> None:
         """Stop the background thread and close connections; idempotent."""

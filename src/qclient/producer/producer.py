@@ -114,7 +114,8 @@ class Producer(ProducerBase):
 
     def _lookup_copy(self, topic: str, msg_id: str, broker: str) -> str | None:
         self._check_open()
-        plan = lifecycle.plan_lookup_on(self._core, topic, msg_id, broker, self._addr_of(broker))
+        addr = self._addr_of(broker)
+        plan = self._core.engine.plan_lookup_on(self._core, topic, msg_id, broker, addr)
         state: str | None = run_sync(plan, self._http)
         return state
 
@@ -295,14 +296,14 @@ class Producer(ProducerBase):
         if result is not None and not result.topic:
             return self._cancel_on(result)
         topic, msg_id, hint = lifecycle.cancel_target(result, topic, msg_id)
-        plan = lifecycle.plan_cancel_id(self._core, self._addrs(topic), topic, msg_id, hint)
+        plan = self._core.engine.plan_cancel_id(self._core, self._addrs(topic), topic, msg_id, hint)
         return bool(run_sync(plan, self._http, self._executor))
 
     def lookup(self, topic: str, msg_id: str) -> MessageInfo | None:
         """The state and times of a message any producer sent; None if no broker knows it."""
         self._lifecycle("lookup")
         lifecycle.check_id(topic, msg_id)
-        plan = lifecycle.plan_lookup(self._core, self._addrs(topic), topic, msg_id)
+        plan = self._core.engine.plan_lookup(self._core, self._addrs(topic), topic, msg_id)
         info: MessageInfo | None = run_sync(plan, self._http, self._executor)
         return info
 
@@ -318,7 +319,7 @@ class Producer(ProducerBase):
         once, at the new time); ``MessageNotScheduledError`` if it is not scheduled."""
         self._lifecycle("reschedule")
         request = lifecycle.reschedule_request(self._core, topic, msg_id, delay, deliver_at)
-        plan = lifecycle.plan_reschedule(self._core, self._addrs(topic), request)
+        plan = self._core.engine.plan_reschedule(self._core, self._addrs(topic), request)
         result: SendResult = run_sync(plan, self._http, self._executor)
         return result
 
@@ -338,7 +339,8 @@ class Producer(ProducerBase):
 
     def _cancel_on(self, result: SendResult) -> bool:
         addr = self._addr_of(result.broker_name)
-        return bool(run_sync(lifecycle.plan_cancel(self._core, result, addr), self._http))
+        plan = self._core.engine.plan_cancel(self._core, result, addr)
+        return bool(run_sync(plan, self._http))
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every ``send_async`` so far has completed (``SendTimeoutError``

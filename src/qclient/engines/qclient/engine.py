@@ -34,6 +34,7 @@ from ...transport.errors import (
 )
 from ...transport.http import AsyncHttp, AsyncLeanHttp, Credentials, SyncHttp
 from ..base import Engine, SendVerdict
+from . import lifecycle
 
 if TYPE_CHECKING:
     from ..._config import ProducerConfig
@@ -50,6 +51,13 @@ class QClientEngine(Engine):
 
     def __init__(self, encoding: str = "msgpack") -> None:
         self.content_type = ENCODINGS[encoding]
+
+    # lifecycle by id: the broker's own requests (``lifecycle.py``)
+    plan_lookup = staticmethod(lifecycle.plan_lookup)
+    plan_lookup_on = staticmethod(lifecycle.plan_lookup_on)
+    plan_cancel_id = staticmethod(lifecycle.plan_cancel_id)
+    plan_cancel = staticmethod(lifecycle.plan_cancel)
+    plan_reschedule = staticmethod(lifecycle.plan_reschedule)
 
     def send_call(self, broker: str, addr: str, items: list[Item], timeout: float) -> HttpCall:
         wires = [it.wire for it in items]
