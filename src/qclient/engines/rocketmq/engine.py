@@ -20,16 +20,16 @@ from typing import TYPE_CHECKING, Any
 from ..._models import SendResult, SendStatus
 from ...errors import BrokerUnavailableError, QClientError, SendTimeoutError
 from ...producer._plan import CallResult, Item
-from ...protocol.wire import FLAG_COMPRESSED, WireMessage
+from ...protocol.wire import FLAG_COMPRESSED
 from ...transport.errors import Outcome
 from ..base import Engine, SendVerdict
-from . import message as msg
 from .aio import AsyncConnectionPool
 from .codes import RequestCode, ResponseCode, error_for, is_ambiguous_code, send_outcome
 from .connection import RemotingConnectionError, RemotingError, RemotingTimeoutError
 from .nameserver import AsyncRocketMQNameServer, RocketMQNameServer
 from .pool import ConnectionPool
 from .remoting import RemotingCommand, request
+from .sending import PRODUCER_GROUP, batch_request, single_request
 
 if TYPE_CHECKING:
     from ..._config import ProducerConfig
@@ -39,8 +39,6 @@ __all__ = ["PRODUCER_GROUP", "RemotingCall", "RocketMQEngine"]
 
 log = logging.getLogger(__name__)
 
-#: the producer group our requests name (RocketMQ's default group of a client)
-PRODUCER_GROUP = "QCLIENT_PRODUCER_GROUP"
 #: how much an answer says about the broker's health: a call's outcome in the fault table
 #: is its requests' worst (a final refusal of one message says nothing about the broker)
 _RANK = {
@@ -77,7 +75,7 @@ class RemotingCall:
             at = w.deliver_at_ms if w.deliver_at_ms is not None else now + (w.delay_ms or 0)
             deliver[i] = at
             if at > now:
-                cmds.append(_single(w, self.broker, at, now))
+                cmds.append(single_request(w, self.broker, at, now))
                 groups.append([i])
             else:
                 immediate.append(i)
@@ -90,61 +88,12 @@ class RemotingCall:
         for group in batches.values():
             wires = [self.items[i].wire for i in group]
             if len(wires) == 1:
-                cmds.append(_single(wires[0], self.broker, None, now))
+                cmds.append(single_request(wires[0], self.broker, None, now))
             else:
-                cmds.append(_batch(wires, self.broker, now))
+                cmds.append(batch_request(wires, self.broker, now))
             groups.append(group)
         self.groups = groups
         return cmds
-
-
-def _properties(w: WireMessage, deliver_ms: int | None) -> dict[str, str]:
-    props = dict(w.properties) if w.properties else {}
-    props[msg.UNIQ_KEY] = w.msg_id
-    props[msg.WAIT] = "true"
-    if w.key:
-        props[msg.KEYS] = w.key
-    if w.tags:
-        props[msg.TAGS] = w.tags
-    if deliver_ms is not None:
-        props[msg.TIMER_DELIVER_MS] = str(deliver_ms)
-    return props
-
-
-def _single(w: WireMessage, broker: str, deliver_ms: int | None, now: int) -> RemotingCommand:
-    header = msg.send_header(
-        group=PRODUCER_GROUP,
-        topic=w.topic,
-        queue_id=w.queue_id,
-        sys_flag=msg.SysFlag.COMPRESSED_ZLIB if w.flag & FLAG_COMPRESSED else 0,
-        born_ms=now,
-        flag=0,
-        properties=msg.encode_properties(_properties(w, deliver_ms)),
-        broker_name=broker,
-    )
-    return request(RequestCode.SEND_MESSAGE_V2, header, w.body)
-
-
-def _batch(wires: list[WireMessage], broker: str, now: int) -> RemotingCommand:
-    w0 = wires[0]
-    header = msg.send_header(
-        group=PRODUCER_GROUP,
-        topic=w0.topic,
-        queue_id=w0.queue_id,
-        sys_flag=msg.SysFlag.COMPRESSED_ZLIB if w0.flag & FLAG_COMPRESSED else 0,
-        born_ms=now,
-        flag=0,
-        properties="",
-        batch=True,
-        broker_name=broker,
-    )
-    body = msg.encode_batch(
-        [
-            (w.body, 0, msg.encode_properties(_properties(w, None)), bool(w.flag & FLAG_COMPRESSED))
-            for w in wires
-        ]
-    )
-    return request(RequestCode.SEND_BATCH_MESSAGE, header, body)
 
 
 class RocketMQEngine(Engine):
