@@ -24,8 +24,8 @@ import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from .._models import MessageInfo, MessageState, SendResult
 from .._delays import delay_to_ms, deliver_at_to_ms
+from .._models import MessageInfo, MessageState, SendResult
 from ..errors import BrokerUnavailableError, InvalidMessageError, MessageNotScheduledError
 from ..protocol import wire
 from ..protocol.wire import RescheduleRequest

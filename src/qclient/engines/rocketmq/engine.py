@@ -18,15 +18,17 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..._models import SendResult, SendStatus
-from ...errors import BrokerUnavailableError, QClientError, SendTimeoutError
+from ...errors import BrokerUnavailableError, QClientError
 from ...producer._plan import CallResult, Item
 from ...protocol.wire import FLAG_COMPRESSED
 from ...transport.errors import Outcome
 from ..base import Engine, SendVerdict
 from .aio import AsyncConnectionPool
 from .codes import RequestCode, ResponseCode, error_for, is_ambiguous_code, send_outcome
-from .connection import RemotingConnectionError, RemotingError, RemotingTimeoutError
+from .connection import RemotingConnectionError, RemotingError
+from .lifecycle import RocketMQLifecycle
 from .nameserver import AsyncRocketMQNameServer, RocketMQNameServer
+from .outcomes import NotSentError, maybe_sent, transport_error
 from .pool import ConnectionPool
 from .remoting import RemotingCommand, request
 from .sending import PRODUCER_GROUP, batch_request, single_request
@@ -96,11 +98,11 @@ class RemotingCall:
         return cmds
 
 
-class RocketMQEngine(Engine):
-    """Apache RocketMQ 5 brokers and NameServers, over remoting TCP."""
+class RocketMQEngine(RocketMQLifecycle, Engine):
+    """Apache RocketMQ 5 brokers and NameServers, over remoting TCP; lookup, cancel and
+    reschedule by id are index queries and recalls (``RocketMQLifecycle``)."""
 
     name = "rocketmq"
-    lifecycle = False
     #: a call's messages are as many requests (a delayed one each), answered one by one by
     #: the broker, and the attempt's timeout covers them all: 1,000 delayed rows of a Spark
     #: chunk in one call took over the 1 s attempt on a busy host and were retried (stored
@@ -115,7 +117,7 @@ class RocketMQEngine(Engine):
         broker = call.broker
         if res.exc is not None or res.response is None:
             exc = res.exc or RemotingConnectionError("no response")
-            err = _transport_error(exc, broker, call.timeout)
+            err = transport_error(exc, broker, call.timeout)
             log.warning(
                 "send of %d message(s) to %s failed after %.0f ms: %s",
                 len(items),
@@ -124,7 +126,7 @@ class RocketMQEngine(Engine):
                 err,
             )
             # a connection never opened stored nothing; anything else may have
-            return SendVerdict(Outcome.TRANSPORT, None, err, ambiguous=_maybe_sent(exc))
+            return SendVerdict(Outcome.TRANSPORT, None, err, ambiguous=maybe_sent(exc))
         answers: list[SendResult | QClientError | None] = [None] * len(items)
         retry: set[int] = set()
         ambiguous: set[int] = set()
@@ -148,8 +150,8 @@ class RocketMQEngine(Engine):
                 log.warning("broker %s refused a send: %s", broker, err)
             else:
                 outcome, again = Outcome.TRANSPORT, True
-                err = _transport_error(answer, broker, call.timeout)
-                if _maybe_sent(answer):
+                err = transport_error(answer, broker, call.timeout)
+                if maybe_sent(answer):
                     ambiguous.update(group)
             if _RANK[outcome] > _RANK[worst]:
                 worst = outcome
@@ -208,25 +210,6 @@ class RocketMQEngine(Engine):
             return answer.code != ResponseCode.SYSTEM_BUSY
 
         return probe
-
-
-class NotSentError(RemotingConnectionError):
-    """No connection to the broker could be opened: nothing of the call was sent."""
-
-
-def _maybe_sent(exc: BaseException) -> bool:
-    """Whether a failed request may have reached the broker (and been stored)."""
-    return isinstance(exc, RemotingError | TimeoutError) and not isinstance(exc, NotSentError)
-
-
-def _transport_error(exc: BaseException, broker: str, timeout: float) -> QClientError:
-    if isinstance(exc, QClientError):
-        return exc
-    if isinstance(exc, RemotingTimeoutError | TimeoutError):
-        return SendTimeoutError(f"broker {broker} did not answer within {timeout:.3f}s")
-    return BrokerUnavailableError(
-        f"broker {broker} unreachable: {type(exc).__name__}: {exc}", broker_name=broker
-    )
 
 
 class SyncRemoting:
