@@ -12,7 +12,8 @@ import time
 import pytest
 
 from qclient import AsyncProducer, LocalCluster, MessageState, Producer
-from qclient.errors import InvalidMessageError, MessageNotScheduledError
+from qclient.engines.rocketmq.local.runtime import TIMER_PRECISION_MS
+from qclient.errors import InvalidMessageError, MessageNotScheduledError, UnsupportedByEngineError
 
 from .helpers import drain, duplicates, not_early, now_ms, wait_until
 
@@ -121,3 +122,28 @@ def test_cancel_by_result_and_by_id_and_errors(cluster):
     wait_until(lambda: now_ms() > r.deliver_at_ms + 500, 10, "the cancelled time to pass")
     got = drain(cluster.namesrv, topic, "g", expected=1, timeout=10, settle=1.0)
     assert [m.msg_id for m in got] == [kept.msg_id]
+
+
+def test_rocketmq_refuses_a_later_time_inside_the_timer_slot(cluster):
+    """RocketMQ's reschedule is a new copy plus a recall of the old slot, and a recall
+    drops every copy of the id in its slot: a later time in the same slot cannot be had
+    (UnsupportedByEngineError), an earlier one keeps the message as it is (it fires with
+    the slot, never early). qclient's brokers move it to any time."""
+    topic = _topic(cluster, "lc-slot")
+    precision = TIMER_PRECISION_MS
+    at_ms = (now_ms() + 30_000) // precision * precision + precision // 2
+    with Producer(cluster.namesrv) as p:
+        r = p.send_delayed(topic, b"x", deliver_at=at_ms / 1000)
+        assert r.deliver_at_ms == at_ms
+        if cluster.engine == "rocketmq":
+            with pytest.raises(UnsupportedByEngineError) as err:
+                p.reschedule(topic, r.msg_id, deliver_at=(at_ms + 10) / 1000)
+            assert "rocketmq" in str(err.value) and "timerPrecisionMs" in str(err.value)
+            kept = p.reschedule(topic, r.msg_id, deliver_at=(at_ms - 10) / 1000)
+            assert kept.deliver_at_ms == at_ms
+        else:
+            moved = p.reschedule(topic, r.msg_id, deliver_at=(at_ms + 10) / 1000)
+            assert moved.deliver_at_ms == at_ms + 10
+        info = p.lookup(topic, r.msg_id)
+        assert info.state == MessageState.SCHEDULED and info.copies == 1
+        assert p.cancel(topic=topic, msg_id=r.msg_id) is True
