@@ -13,6 +13,7 @@ import threading
 from collections.abc import Callable
 
 from qclient.server.store.dedupe import DedupeTable
+from qclient.server.store.due import DueCounts
 from qclient.server.store.files import StoreFiles
 from qclient.server.store.histogram import FSYNC_BOUNDS_S, LATENESS_BOUNDS_MS, Histogram
 from qclient.server.store.types import StoreConfig
@@ -52,6 +53,9 @@ class Shared:
             "message_log": Histogram(FSYNC_BOUNDS_S),
             "consume_log": Histogram(FSYNC_BOUNDS_S),
         }
+        #: scheduled messages by deliver second; None until open has counted what
+        #: recovery left (replays during recovery are in that count)
+        self.due: DueCounts | None = None
         # set when a background step fails in a way that may lose derived state: the
         # store then refuses new work, keeps its last good checkpoint, and a restart
         # rebuilds everything from the message log

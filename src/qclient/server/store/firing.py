@@ -165,7 +165,12 @@ class Firing:
             with sh.sched:
                 for d, pos, size in retry:
                     sh.wheel.unfire(d, pos, size)
+            if sh.due is not None and len(retry) < len(due):
+                again = {pos for _d, pos, _s in retry}
+                sh.due.add([d for d, pos, _s in due if pos not in again], -1)
             return False
+        if sh.due is not None:  # fired (or dropped as corrupt): no longer scheduled
+            sh.due.add([d for d, _p, _s in due], -1)
         return True
 
     def _fire(self, due: list[tuple[int, int, int]], now: int) -> None:

@@ -84,6 +84,8 @@ class Replayer:
             self.replayed = end
             if notify:
                 sh.sooner_due()
+        if sh.due is not None:
+            sh.due.add(deliver_ats)
         if not loaded and min(deliver_ats) <= sh.clock() + sh.config.load_ahead_ms:
             self._wake_loader()
 
@@ -143,5 +145,9 @@ class Replayer:
                     self.replayed = end
                 if notify:
                     sh.sooner_due()
+        due = sh.due
+        if due is not None:  # scheduled, and cancelled (a reschedule is both)
+            due.add([d for _p, _s, kind, d, _r in items if kind == _MSG])
+            due.add([d for _p, _s, kind, d, _r in items if kind == _CANCEL], -1)
         if wake_loader:
             self._wake_loader()

@@ -28,6 +28,7 @@ from qclient.server.store._shared import Shared
 from qclient.server.store.checkpoint import Checkpoint
 from qclient.server.store.committer import Committer
 from qclient.server.store.datadir import lock_data_dir, read_bucket_ms
+from qclient.server.store.due import DUE_BOUNDS_S, DueCounts, count_at_open
 from qclient.server.store.files import StoreFiles
 from qclient.server.store.firing import Firing
 from qclient.server.store.histogram import Histogram
@@ -136,6 +137,9 @@ class DelayStore:
             len(self._sh.wheel.heap),
         )
         self._scheduled_at_open = _stats.count_scheduled(self._sh, files)
+        due = DueCounts()
+        count_at_open(due, self._sh.wheel, files)
+        self._sh.due = due
         for name, target in (
             ("committer", self._committer.run),
             ("firing", self._firing.run if self.config.firing_thread else None),
@@ -375,6 +379,14 @@ class DelayStore:
         """Visible messages past each group's committed offsets, per ``(topic, group)``
         (the queues a group has committed on)."""
         return _stats.consume_lag(self._files)
+
+    def due_within(self, bounds_s: Sequence[int] = DUE_BOUNDS_S) -> list[int]:
+        """Scheduled messages due within each of ``bounds_s`` seconds from now (by the
+        second; overdue ones in every bound), then all of them: cumulative counts."""
+        due = self._sh.due if self._state == "open" else None
+        if due is None:
+            return [0] * (len(bounds_s) + 1)
+        return due.within(self._clock(), bounds_s)
 
     def histograms(self) -> dict[str, Histogram]:
         """Fire lateness (ms) and fsync durations (seconds, ``fsync_<file>``)."""
