@@ -32,6 +32,9 @@ TOPIC_PATTERN = _limits.TOPIC_PATTERN
 TOPIC_RE = _limits.TOPIC_RE
 
 GROUP_RE = TOPIC_RE
+#: a consumer group's retry and dead-letter topics are these plus the group's name
+#: (RocketMQ's); brokers create them on first send even without topic auto-creation
+RETRY_TOPIC_PREFIX, DLQ_TOPIC_PREFIX = "%RETRY%", "%DLQ%"
 #: 1-128 printable ASCII characters, no space: access keys and broker/cluster names
 PRINTABLE_128_RE = re.compile(r"^[\x21-\x7e]{1,128}\Z")
 
@@ -338,6 +341,9 @@ class PullRequest(_Base):
     #: see ``PullResponse.clock_ns``): the broker also serves messages fired ahead of
     #: their time (DEFAULT_FIRE_AHEAD_MS); without it, only due ones
     hold: bool = False
+    #: the group's tag filter: only messages whose ``tags`` is one of these are served, the
+    #: others skipped (``PullResponse.next_offsets`` moves past them). None: every message
+    tags: list[str] | None = None
 
 
 class PulledMessage(_Base):
@@ -357,7 +363,7 @@ class PulledMessage(_Base):
 class PullResponse(_Base):
     broker_name: str
     messages: list[PulledMessage]
-    #: queue id -> next offset after the returned messages (commit these next time)
+    #: queue id -> next offset after the returned (and skipped) messages: commit these
     next_offsets: dict[int, int] = {}
     #: group pulls: requested queues this member does not hold (not served, commits for
     #: them ignored); the member stops reading them until it holds them again

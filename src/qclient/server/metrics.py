@@ -26,6 +26,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from ..protocol import wire
 from ._http import text_reply
+from .store.due import DUE_BOUNDS_S
 from .store.histogram import Histogram
 
 __all__ = [
@@ -41,6 +42,9 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 #: request durations, seconds: a send is a few ms, a long poll up to its wait
 _REQUEST_BOUNDS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+#: the ``within`` labels of the due gauge: the store's DUE_BOUNDS_S, then every message
+DUE_LABELS = ("5s", "1m", "5m", "15m", "1h", "4h", "8h", "24h", "+Inf")
+assert len(DUE_LABELS) == len(DUE_BOUNDS_S) + 1
 #: a method label is one of these or "other" (a client must not mint label values)
 _METHODS = frozenset({"GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH"})
 
@@ -205,6 +209,23 @@ class BrokerCollector:
         yield GaugeMetricFamily(
             "qclient_broker_topics", "Topics on this broker", value=len(broker.topics.all())
         )
+        due = GaugeMetricFamily(
+            "qclient_broker_scheduled_messages_due",
+            "Scheduled messages due within the given time from now (cumulative, by the "
+            "second; overdue ones in every bound)",
+            labels=["within"],
+        )
+        for label, count in zip(DUE_LABELS, store.due_within(), strict=True):
+            due.add_metric([label], count)
+        yield due
+        for attr, name, doc in (
+            ("retries", "retries", "Messages stored into a group's retry topic, by group"),
+            ("dead_lettered", "dead_lettered", "Messages stored into a group's DLQ, by group"),
+        ):
+            family = CounterMetricFamily(f"qclient_broker_{name}_total", doc, labels=["group"])
+            for group, n in sorted(dict(getattr(broker, attr)).items()):
+                family.add_metric([group], n)
+            yield family
         lag = GaugeMetricFamily(
             "qclient_broker_consume_lag_messages",
             "Fired messages past a group's committed offsets",

@@ -201,6 +201,8 @@ async def group_pull(
         if q in held:
             broker.store.commit_offset(group, topic, q, off)
     served = sorted(q for q in body.queues if q in held)
+    accepted = None if body.tags is None else frozenset(body.tags)
+    ends: dict[int, int] = {}  # (tags) per queue, the offset after skipped messages
 
     def starts() -> dict[int, int]:
         out = {}
@@ -213,7 +215,7 @@ async def group_pull(
         return out
 
     def read() -> tuple[list[wire.PulledMessage], int | None]:
-        return broker.read_from(topic, starts(), body.max_messages, body.hold)
+        return broker.read_from(topic, starts(), body.max_messages, body.hold, accepted, ends)
 
     def still_held() -> bool:  # after each wait: it may have lost queues meanwhile
         nonlocal served
@@ -229,4 +231,5 @@ async def group_pull(
         still_held,
     )
     lost = sorted(q for q in body.queues if q not in served)
-    return reply(request, broker.pull_answer(messages, lost))
+    ends = {q: off for q, off in ends.items() if q in served}
+    return reply(request, broker.pull_answer(messages, lost, ends))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 from functools import partial
 from operator import attrgetter
@@ -52,12 +53,13 @@ log = logging.getLogger(__name__)
 _TOPIC = attrgetter("topic")
 _QUEUE_ID = attrgetter("queue_id")
 _DUPLICATE = attrgetter("duplicate")
+_SYSTEM_PREFIXES = (wire.RETRY_TOPIC_PREFIX, wire.DLQ_TOPIC_PREFIX)
 
 
 class _Send:
     """A checked send request: what to store and how to answer it."""
 
-    __slots__ = ("deliver", "index", "refuse_after", "slots", "to_store", "topics")
+    __slots__ = ("deliver", "index", "refuse_after", "slots", "system", "to_store", "topics")
 
     def __init__(
         self,
@@ -74,6 +76,8 @@ class _Send:
         self.refuse_after = refuse_after
         self.index = index  # positions in the request of to_store; None: all of them
         self.slots = slots  # answers by position, when some messages are refused
+        #: some topic is a group's retry or dead-letter topic (counted per group)
+        self.system = False
 
 
 class SendHandlers:
@@ -88,10 +92,20 @@ class SendHandlers:
     counters: dict[str, int]
     topics: TopicRegistry
     heartbeat: Heartbeat | None
+    #: messages stored into ``%RETRY%<group>`` / ``%DLQ%<group>``, by group
+    retries: Counter[str]
+    dead_lettered: Counter[str]
 
     def ensure_topic(self, topic: str) -> wire.TopicConfig | None:
+        """The topic's config; a topic that does not exist is created when the broker
+        auto-creates topics, and a group's retry and dead-letter topics always (a
+        consumer's retry must not depend on an administrator), unless read-only."""
         cfg = self.topics.get(topic)
-        if cfg is None and self.config.auto_create_topics and not self.config.read_only:
+        if (
+            cfg is None
+            and not self.config.read_only
+            and (self.config.auto_create_topics or topic.startswith(_SYSTEM_PREFIXES))
+        ):
             cfg, changed = self.topics.put(
                 topic, self.config.default_queue_nums, wire.PERM_READ_WRITE, auto_created=True
             )
@@ -244,9 +258,12 @@ class SendHandlers:
         # store's own input checks would do again; topics: those of to_store when it is
         # all of msgs (then the store need not collect them again)
         if index is None:
-            return _Send(msgs, deliver, topic_names, refuse_after, None, slots)
-        to_store = [msgs[i] for i in index]
-        return _Send(to_store, [deliver[i] for i in index], None, refuse_after, index, slots)
+            send = _Send(msgs, deliver, topic_names, refuse_after, None, slots)
+        else:
+            to_store = [msgs[i] for i in index]
+            send = _Send(to_store, [deliver[i] for i in index], None, refuse_after, index, slots)
+        send.system = any(t.startswith(_SYSTEM_PREFIXES) for t in topic_names)
+        return send
 
     def _store_failed(self, exc: BaseException) -> BaseException:
         """The HTTP error of a store error (other exceptions: themselves, a bug)."""
@@ -283,10 +300,22 @@ class SendHandlers:
                 self.counters["duplicates"] += duplicates
             if len(stored) > duplicates:
                 self.counters["stored"] += len(stored) - duplicates
+            if send.system:
+                self._count_system(send.to_store, stored)
         self.counters["send_requests"] += 1
         if send.index is not None:
             results = [r for r in send.slots if r is not None]
         return wire.SendResponse(self.config.name, results)
+
+    def _count_system(self, msgs: list[wire.WireMessage], stored: list[StoreResult]) -> None:
+        """Count the retries and dead-lettered messages stored (not duplicates) by group."""
+        for m, r in zip(msgs, stored, strict=True):
+            if r.duplicate:
+                continue
+            if m.topic.startswith(wire.RETRY_TOPIC_PREFIX):
+                self.retries[m.topic[len(wire.RETRY_TOPIC_PREFIX) :]] += 1
+            elif m.topic.startswith(wire.DLQ_TOPIC_PREFIX):
+                self.dead_lettered[m.topic[len(wire.DLQ_TOPIC_PREFIX) :]] += 1
 
     @staticmethod
     def _writable(cfg: wire.TopicConfig | None, queue_id: int) -> bool:
