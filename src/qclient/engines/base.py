@@ -84,6 +84,8 @@ class SendVerdict(NamedTuple):
     ``retry``: the items whose error is retried on another broker (indexes into answers).
     ``ambiguous``: whether the broker may have stored the call's messages anyway (a bool
     for the whole call, or the indexes of such items).
+    ``latency_ms``: the latency the fault table records for the broker when the call's
+    whole time would misjudge it (None: the call's).
     """
 
     outcome: Outcome
@@ -91,6 +93,7 @@ class SendVerdict(NamedTuple):
     error: QClientError | None = None
     retry: frozenset[int] = frozenset()
     ambiguous: bool | frozenset[int] = False
+    latency_ms: float | None = None
 
 
 class Engine(ABC):

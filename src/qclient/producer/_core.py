@@ -391,7 +391,8 @@ class ProducerCore:
             broker = call.broker
             items = call.items
             verdict = read(call, res)
-            self.record(broker, res.latency_ms, verdict.outcome)
+            latency = res.latency_ms if verdict.latency_ms is None else verdict.latency_ms
+            self.record(broker, latency, verdict.outcome)
             answers = verdict.answers
             ambiguous = verdict.ambiguous
             if answers is None:

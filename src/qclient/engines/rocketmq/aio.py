@@ -139,12 +139,16 @@ class AsyncConnection(asyncio.Protocol):
             self._pending.pop(op, None)
 
     async def call_many(
-        self, cmds: list[RemotingCommand], timeout: float
+        self,
+        cmds: list[RemotingCommand],
+        timeout: float,
+        first: list[float] | None = None,
     ) -> list[RemotingCommand | RemotingError]:
         """Send all ``cmds`` in one write, then wait for their answers with one deadline.
 
         Returns the answers in order; a failed call's slot holds its RemotingTimeoutError
-        or RemotingConnectionError instead (not raised).
+        or RemotingConnectionError instead (not raised). ``first``, when given, gets the
+        loop's time (``monotonic()``) the first answer was had.
         """
         loop = self._loop
         deadline = loop.time() + timeout
@@ -182,6 +186,8 @@ class AsyncConnection(asyncio.Protocol):
                     out.append(await fut)
                 except RemotingError as exc:
                     out.append(exc)
+                if first is not None and not first:
+                    first.append(loop.time())
         finally:
             timer.cancel()
             for cmd in cmds:

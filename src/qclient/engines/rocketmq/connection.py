@@ -192,12 +192,17 @@ class Connection:
         raise cast(RemotingError, result)
 
     def call_many(
-        self, cmds: list[RemotingCommand], timeout: float
+        self,
+        cmds: list[RemotingCommand],
+        timeout: float,
+        first: list[float] | None = None,
     ) -> list[RemotingCommand | RemotingError]:
         """Send all ``cmds`` in one write, then wait for their answers with one deadline.
 
         Returns the answers in order; a failed call's slot holds its RemotingTimeoutError
-        or RemotingConnectionError instead (not raised).
+        or RemotingConnectionError instead (not raised). ``first``, when given, gets the
+        ``monotonic()`` time the first answer was had (one request's latency, which the
+        whole call's is not when many are pipelined).
         """
         deadline = monotonic() + timeout
         if not cmds:
@@ -221,6 +226,8 @@ class Connection:
             wait = self._wait
             for cmd, slot in zip(cmds, slots, strict=True):
                 answers.append(wait(slot, cmd.opaque, cmd.code, deadline, timeout))
+                if first is not None and not first:
+                    first.append(monotonic())
         except BaseException as exc:
             self._forget([(cmd.opaque, slot) for cmd, slot in zip(cmds, slots, strict=True)])
             if isinstance(exc, RemotingError) and not answers:
