@@ -12,6 +12,7 @@ import enum
 from dataclasses import dataclass, field
 
 from ..._models import ReceivedMessage
+from ...consumer._failures import RETRY_PREFIX
 from . import message as msg
 from .codes import RequestCode, ResponseCode
 from .message import StoredMessage, decode_messages
@@ -141,10 +142,12 @@ def pull_request(
     sub_version: int,
     broker_name: str,
     commit_offset: int | None = None,
+    subscription: str = "*",
 ) -> RemotingCommand:
-    """A PULL_MESSAGE of ``topic``/``queue_id`` from ``offset`` with subscription ``*``:
-    held by the broker up to ``suspend_ms`` while nothing is there (long polling);
-    with ``commit_offset`` the broker also stores that offset for the group."""
+    """A PULL_MESSAGE of ``topic``/``queue_id`` from ``offset`` with the tag expression
+    ``subscription`` (``*``: all; the broker then skips messages of other tags): held by
+    the broker up to ``suspend_ms`` while nothing is there (long polling); with
+    ``commit_offset`` the broker also stores that offset for the group."""
     flags = FLAG_SUBSCRIPTION | (FLAG_SUSPEND if suspend_ms > 0 else 0)
     if commit_offset is not None:
         flags |= FLAG_COMMIT_OFFSET
@@ -159,7 +162,7 @@ def pull_request(
             "sysFlag": str(flags),
             "commitOffset": str(commit_offset if commit_offset is not None else 0),
             "suspendTimeoutMillis": str(max(0, suspend_ms)),
-            "subscription": "*",
+            "subscription": subscription,
             "subVersion": str(sub_version),
             "expressionType": "TAG",
             "bname": broker_name,
@@ -243,14 +246,25 @@ def to_received(m: StoredMessage, broker_name: str) -> ReceivedMessage:
     """The ``ReceivedMessage`` of a pulled message: id = UNIQ_KEY (else the offset message
     id), the real topic, KEYS / TAGS, the application's properties only; deliver time =
     TIMER_DELIVER_MS and fire time = TIMER_DEQUEUE_MS for a timed message, else both the
-    store time. ``extra`` holds ``attempt`` (reconsume times + 1), ``offset_msg_id``,
-    ``born_ms`` and ``store_ms``."""
+    store time.
+
+    A message read from a group's retry topic (``%RETRY%<group>``) looks like the original:
+    its topic is ``RETRY_TOPIC`` and ``attempt`` its reconsume times + 1 (a message of any
+    other topic is attempt 1, whatever a producer put there). ``extra`` holds ``attempt``,
+    ``offset_msg_id``, ``origin_msg_id`` (ORIGIN_MESSAGE_ID, a retry's), ``store_topic``
+    (the topic it was read from), ``born_ms`` and ``store_ms``."""
     props = m.properties
     deliver = deliver_at_ms(m)
     fired = _int_prop(props, msg.TIMER_DEQUEUE_MS, m.store_ms) if deliver is not None else None
+    # a timer message that fired keeps REAL_TOPIC (5.5.0): the retry topic for a retry
+    topic = props.get(msg.REAL_TOPIC) or m.topic
+    attempt = 1
+    if m.topic.startswith(RETRY_PREFIX) or topic.startswith(RETRY_PREFIX):
+        topic = props.get(msg.RETRY_TOPIC) or topic
+        attempt = max(1, m.reconsume_times + 1)
     return ReceivedMessage(
         msg_id=props.get(msg.UNIQ_KEY) or m.msg_id,
-        topic=props.get(msg.REAL_TOPIC) or m.topic,
+        topic=topic,
         body=m.body,
         key=props.get(msg.KEYS),
         tags=props.get(msg.TAGS),
@@ -260,9 +274,12 @@ def to_received(m: StoredMessage, broker_name: str) -> ReceivedMessage:
         broker_name=broker_name,
         queue_id=m.queue_id,
         offset=m.queue_offset,
+        attempt=attempt,
         extra={
-            "attempt": m.reconsume_times + 1,
+            "attempt": attempt,
             "offset_msg_id": m.msg_id,
+            "origin_msg_id": props.get(msg.ORIGIN_MESSAGE_ID),
+            "store_topic": m.topic,
             "born_ms": m.born_ms,
             "store_ms": m.store_ms,
         },

@@ -10,7 +10,7 @@ References (apache/rocketmq): ``HeartbeatData`` / ``ConsumerData`` / ``Subscript
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import msgspec
@@ -19,6 +19,7 @@ from ...consumer._allocate import allocate_averagely
 from ...protocol.wire import TopicRoute
 from .codes import RequestCode, ResponseCode
 from .remoting import RemotingCommand, request
+from .retry import subscription_data
 from .route import PERM_READ
 
 __all__ = [
@@ -45,9 +46,13 @@ class _ConsumerList(msgspec.Struct):
 _consumer_list = msgspec.json.Decoder(_ConsumerList)
 
 
-def heartbeat_request(client_id: str, group: str, topic: str, sub_version: int) -> RemotingCommand:
+def heartbeat_request(
+    client_id: str, group: str, topic: str | Mapping[str, str], sub_version: int
+) -> RemotingCommand:
     """HEART_BEAT registering ``client_id`` as a member of ``group`` (clustering, pull
-    model, from the first offset) subscribed to all of ``topic``."""
+    model, from the first offset) subscribed to all of ``topic``, or to each topic of a
+    mapping topic -> tag expression (``"*"``: all) with its tags and their hash codes."""
+    topics = {topic: "*"} if isinstance(topic, str) else topic
     body = {
         "clientID": client_id,
         "consumerDataSet": [
@@ -57,15 +62,8 @@ def heartbeat_request(client_id: str, group: str, topic: str, sub_version: int) 
                 "messageModel": "CLUSTERING",
                 "consumeFromWhere": "CONSUME_FROM_FIRST_OFFSET",
                 "subscriptionDataSet": [
-                    {
-                        "topic": topic,
-                        "subString": "*",
-                        "tagsSet": [],
-                        "codeSet": [],
-                        "subVersion": sub_version,
-                        "expressionType": "TAG",
-                        "classFilterMode": False,
-                    }
+                    subscription_data(t, expression, sub_version)
+                    for t, expression in topics.items()
                 ],
                 "unitMode": False,
             }

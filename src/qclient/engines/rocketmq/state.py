@@ -14,13 +14,20 @@ acknowledged and not yet committed is what the member commits.
 
 Duplicates: a producer retry may store a message twice under one UNIQ_KEY (brokers do not
 dedupe); a message whose UNIQ_KEY this member returned recently is dropped (counted) and
-treated as returned.
+treated as returned. A retry of a message keeps its UNIQ_KEY with one more reconsume
+time: the pair is what counts.
+
+Tags: with ``accepts`` (the group's tag filter) a fetched message it refuses is never
+held or returned and counts as consumed; the broker already skipped most of them (by tag
+hash), this catches the rest, as the Java client's own check does.
 """
 
 from __future__ import annotations
 
 import heapq
+from bisect import insort
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from cachetools import LRUCache
@@ -31,7 +38,7 @@ from .message import StoredMessage
 from .pull import deliver_at_ms, to_received
 from .rebalance import Key
 
-__all__ = ["ConsumeState", "ConsumeStats"]
+__all__ = ["ConsumeState", "ConsumeStats", "release_merged"]
 
 #: UNIQ_KEYs remembered for duplicate drops (about 100 bytes each)
 DEDUPE_IDS = 100_000
@@ -49,6 +56,7 @@ class ConsumeStats:
     max_early_ms: int = 0
     fetched: int = 0
     returned: int = 0
+    filtered: int = 0  # fetched, refused by the tag filter
 
 
 @dataclass(slots=True, eq=False)
@@ -66,7 +74,12 @@ class _Queue:
 class ConsumeState:
     """The member's queues and held messages. Not thread-safe: the caller locks."""
 
-    def __init__(self, dedupe_ids: int = DEDUPE_IDS) -> None:
+    def __init__(
+        self,
+        dedupe_ids: int = DEDUPE_IDS,
+        accepts: Callable[[str | None], bool] | None = None,
+    ) -> None:
+        self._accepts = accepts
         self._queues: dict[Key, _Queue] = {}
         # (hold until ms, seq, key, gen, message); entries of a queue let go are skipped
         self._heap: list[tuple[int, int, Key, int, StoredMessage]] = []
@@ -141,11 +154,15 @@ class ConsumeState:
         q = self._queues.get(key)
         if q is None or q.gen != gen:
             return False
-        heap, stats = self._heap, self.stats
+        heap, stats, accepts = self._heap, self.stats, self._accepts
         n = 0
         for m in messages:
             if m.queue_offset < q.position:
                 continue  # already fetched
+            if accepts is not None and not accepts(m.properties.get(msg.TAGS)):
+                stats.filtered += 1
+                q.position = m.queue_offset + 1
+                continue
             at = deliver_at_ms(m)
             if at is not None and at > now_ms:
                 stats.early += 1
@@ -160,8 +177,8 @@ class ConsumeState:
         stats.fetched += n
         if next_offset > q.position:
             q.position = next_offset
-            if not q.open:
-                q.delivered = q.position
+        if not q.open:
+            q.delivered = q.position
         return True
 
     def advance(self, key: Key, gen: int, next_offset: int) -> bool:
@@ -211,6 +228,8 @@ class ConsumeState:
             self._returned(q, m.queue_offset)
             uid = m.properties.get(msg.UNIQ_KEY)
             if uid is not None:
+                if m.reconsume_times:
+                    uid = f"{uid}#{m.reconsume_times}"
                 if uid in seen:
                     stats.duplicates_dropped += 1
                     continue
@@ -230,6 +249,34 @@ class ConsumeState:
         while ret and dq and dq[0] in ret:
             ret.discard(dq.popleft())
         q.delivered = dq[0] if dq else q.position
+
+    def reopen(self, key: Key, offset: int) -> bool:
+        """Count the returned message at ``offset`` of ``key`` as not returned again (a
+        failed ``retry_later``): commits stop before it until it is returned again
+        (:meth:`returned_again`) or the queue is let go. False if ``key`` is not owned or
+        the offset is no longer ahead of what was committed."""
+        q = self._queues.get(key)
+        if q is None or q.gen == _STOPPED or offset >= q.position:
+            return False
+        if q.committed is not None and offset < q.committed:
+            return False
+        if offset in q.returned:
+            q.returned.discard(offset)
+        elif offset not in q.open:
+            # deque keeps its order: insert in place (few entries are open)
+            items = list(q.open)
+            insort(items, offset)
+            q.open = deque(items)
+        q.delivered = q.open[0]
+        if q.acked is not None and q.acked > offset:
+            q.acked = offset  # acknowledged by a poll since, not committed yet
+        return True
+
+    def returned_again(self, key: Key, offset: int) -> None:
+        """The message at ``offset`` of ``key``, reopened, is processed after all."""
+        q = self._queues.get(key)
+        if q is not None and offset in q.open:
+            self._returned(q, offset)
 
     # --- commits --------------------------------------------------------------------
 
@@ -260,3 +307,24 @@ class ConsumeState:
 
     def committed(self) -> dict[Key, int]:
         return {k: q.committed for k, q in self._queues.items() if q.committed is not None}
+
+
+def release_merged(states: list[ConsumeState], limit: int, now_ms: int) -> list[ReceivedMessage]:
+    """Up to ``limit`` messages due by ``now_ms`` from several states (a member's topic
+    and its retry topic), earliest first across them."""
+    live = [s for s in states if s.total_held]
+    if len(live) <= 1:
+        return live[0].release(limit, now_ms) if live else []
+    out: list[ReceivedMessage] = []
+    while len(out) < limit:
+        best: ConsumeState | None = None
+        best_due = now_ms + 1
+        for s in live:
+            due = s.next_due_ms()
+            if due is not None and due < best_due:
+                best, best_due = s, due
+        if best is None:
+            break
+        # one at a time: each call takes at least the due entry it found
+        out += best.release(1, now_ms)
+    return out
