@@ -1,10 +1,13 @@
 """A group member in a process of its own, for the consumer tests:
-``python -m tests.engines.rocketmq._consumer_member NAMESRV TOPIC GROUP``.
+``python -m tests.engines.rocketmq._consumer_member NAMESRV TOPIC GROUP [RETRY_S]``.
 
 Polls until a ``close`` line (or EOF) on stdin, then closes the consumer. Prints JSON
 lines: ``{"assignment": [[broker, queue], ...], "t": epoch s}`` whenever the queues it
 reads change, ``{"got": [[msg_id, broker, queue, offset], ...], "t": ...}`` for each
 poll that returned messages, and ``{"closed": true, "stats": {...}}`` at the end.
+
+With ``RETRY_S`` it hands every message back (``retry_later(m, delay=RETRY_S)``) and
+prints ``{"retried": [msg_id, attempt], "t": ...}`` as soon as each call returned.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ def _emit(obj: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
-def main(namesrv: str, topic: str, group: str) -> None:
+def main(namesrv: str, topic: str, group: str, retry_s: str | None = None) -> None:
     stop = threading.Event()
 
     def read_stdin() -> None:
@@ -47,9 +50,13 @@ def main(namesrv: str, topic: str, group: str) -> None:
             _emit(
                 {"got": [[m.msg_id, m.broker_name, m.queue_id, m.offset] for m in batch], "t": now}
             )
+        if retry_s is not None:
+            for m in batch:
+                consumer.retry_later(m, delay=float(retry_s))
+                _emit({"retried": [m.msg_id, m.attempt], "t": time.time()})
     consumer.close()
     _emit({"closed": True, "stats": consumer.stats(), "t": time.time()})
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
+    main(*sys.argv[1:5])

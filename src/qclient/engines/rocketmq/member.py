@@ -1,29 +1,38 @@
 """A RocketMQ group member's background work, on one asyncio event loop: heartbeats and
 rebalancing, one long-polling pull per owned queue, and commits.
 
-Every ``interval`` (and at once when a broker sends NOTIFY_CONSUMER_IDS_CHANGED) the
-member heartbeats every master of the topic, reads the group's members from one broker,
-and divides the topic's sorted queues among them (``AllocateMessageQueueAveragely``, as
-RocketMQ's own consumers do, so they can share a group with this one). A queue it stops
-owning is committed first, then let go; a new queue is read from the group's committed
-offset, or from its first stored offset when the group has none
-(CONSUME_FROM_FIRST_OFFSET). Each owned queue has one PULL_MESSAGE in flight that the
-broker holds until a message arrives (long polling); what it answers goes to the shared
-:class:`~.state.ConsumeState`, which the polling thread reads under the same lock.
+The member reads its topic and the group's retry topic ``%RETRY%<group>`` (each a
+:class:`Subscription` with its own :class:`~.state.ConsumeState`), as RocketMQ's Java
+consumers do in clustering mode. Every ``interval`` (and at once when a broker sends
+NOTIFY_CONSUMER_IDS_CHANGED) the member heartbeats every master of both with both
+subscriptions (the topic's with the group's tag expression; a broker creates the retry
+topic on the first one), reads the group's members from one broker, and divides each
+topic's sorted queues among them (``AllocateMessageQueueAveragely``, as RocketMQ's own
+consumers do, so they can share a group with this one). A queue it stops owning is
+committed first, then let go; a new queue is read from the group's committed offset, or
+from its first stored offset when the group has none (CONSUME_FROM_FIRST_OFFSET). Each
+owned queue has one PULL_MESSAGE in flight that the broker holds until a message arrives
+(long polling); what it answers goes to the subscription's state, which the polling
+thread reads under the same lock. Commits are in :mod:`.commits`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
-from ...errors import BrokerResponseError, BrokerUnavailableError, QClientError
+from ...consumer._failures import retry_topic
+from ...errors import BrokerUnavailableError, QClientError
+from ...protocol.wire import TopicRoute
 from .aio import AsyncConnection, AsyncConnectionPool
 from .codes import RequestCode, ResponseCode, code_name
+from .commits import Committer
 from .connection import RemotingConnectionError, RemotingError
 from .message import MessageDecodeError
 from .nameserver import AsyncRocketMQNameServer
@@ -39,12 +48,12 @@ from .rebalance import (
     read_offset,
     readable_queues,
     unregister_request,
-    update_offset_request,
 )
 from .remoting import RemotingCommand, response_to
+from .retry import SendTarget, read_send, send_targets
 from .state import ConsumeState
 
-__all__ = ["MemberLoop"]
+__all__ = ["MemberLoop", "Subscription"]
 
 log = logging.getLogger(__name__)
 
@@ -65,29 +74,47 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+@dataclass(eq=False)
+class Subscription:
+    """One topic the member reads: its tag expression (``"*"``: all), what it holds
+    (``state``, shared with the polling thread under the member's lock) and which of its
+    queues this member owns."""
+
+    topic: str
+    expression: str
+    state: ConsumeState
+    handover: Handover
+    #: whether the topic's route failing is the member's error (poll raises it)
+    primary: bool = True
+    masters: dict[str, str] = field(default_factory=dict)  # broker name -> master address
+    queues: list[Key] = field(default_factory=list)
+    route: TopicRoute | None = None
+    route_at: float = -1e9
+    pulls: dict[Key, asyncio.Task[None]] = field(default_factory=dict)
+
+
 class MemberLoop:
     """The member's coroutines. Built on any thread; ``run`` and ``shutdown`` run on the
-    loop; ``state`` is shared with other threads under ``cond``."""
+    loop; the subscriptions' states are shared with other threads under ``cond``."""
 
     def __init__(
         self,
         *,
         namesrv: Sequence[str],
-        topic: str,
         group: str,
         client_id: str,
         request_timeout: float,
         interval: float,
-        state: ConsumeState,
+        subscriptions: Sequence[tuple[str, str, ConsumeState]],
         cond: threading.Condition,
     ) -> None:
-        self.topic = topic
+        """``subscriptions``: (topic, tag expression, state) of each topic read, the
+        consumer's own first (its route failing is an error ``poll`` raises)."""
         self.group = group
         self.client_id = client_id
         self._namesrv = tuple(namesrv)
         self._timeout = request_timeout
         self._interval = interval
-        self._state = state
         self._cond = cond
         self._sub_version = _now_ms()
         # a member letting a queue go waits up to _ack_wait for the application's next
@@ -97,21 +124,22 @@ class MemberLoop:
         # a hung broker must not hold up the rounds that keep the other brokers' view
         # (and this member's share) current: its heartbeat waits at most an interval
         self._round_timeout = min(request_timeout, max(interval, 0.5))
-        self._handover = Handover(client_id, grace=interval * 1.5)
-        self._masters: dict[str, str] = {}  # broker name -> master address, from the route
+        self.subs = [
+            Subscription(t, e, s, Handover(client_id, grace=interval * 1.5), primary=i == 0)
+            for i, (t, e, s) in enumerate(subscriptions)
+        ]
+        self.topic = self.subs[0].topic
         self._addrs: dict[str, str] = {}  # every broker address seen (commits on let-go)
-        self._queues: list[Key] = []
-        self._route_at = -1e9
-        self._pulls: dict[Key, asyncio.Task[None]] = {}
-        self._commit_locks: dict[str, asyncio.Lock] = {}
+        self._spread = itertools.count()  # spreads send-backs over a broker's retry queues
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
         self._wake: asyncio.Event | None = None
         self._commit_wake: asyncio.Event | None = None
         self._pool: AsyncConnectionPool | None = None
         self._ns: AsyncRocketMQNameServer | None = None
-        #: whether a route was ever read, and the last round's error (poll raises it
-        #: while there has been no route)
+        self._committer = Committer(group, cond, self._addrs, self._connection, request_timeout)
+        #: whether the topic's route was ever read, and the last round's error (poll
+        #: raises it while there has been no route)
         self.routed = False
         self.error: QClientError | None = None
         self.members: list[str] = []
@@ -123,6 +151,45 @@ class MemberLoop:
         through ``call_soon_threadsafe``)."""
         if self._commit_wake is not None:
             self._commit_wake.set()
+
+    async def commit_all(self) -> list[QClientError]:
+        """Commit every acknowledged offset the brokers have not confirmed; the errors."""
+        return await self._committer.commit_all(self.subs)
+
+    def known_masters(self) -> dict[str, str]:
+        """Broker name -> master address of every broker the subscriptions' routes name."""
+        out = dict(self._addrs)
+        for sub in self.subs:
+            out.update(sub.masters)
+        return out
+
+    async def send_back(
+        self, prefer: str, build: Callable[[SendTarget], RemotingCommand]
+    ) -> SendTarget:
+        """Send ``build(target)`` to the retry topic's brokers (``send_targets``: broker
+        ``prefer`` first) until one stores it; the target that did. Raises the last
+        broker's error when none did (a refusal any broker would give stops at once)."""
+        topic = retry_topic(self.group)
+        route = next((s.route for s in self.subs if s.topic == topic), None)
+        targets = send_targets(route, prefer, self.known_masters(), next(self._spread))
+        if not targets:
+            raise BrokerUnavailableError(f"no broker to send {topic} messages to")
+        err: QClientError | None = None
+        for target in targets:
+            try:
+                answer: RemotingCommand | BaseException = await self._call(
+                    target.addr, build(target)
+                )
+            except RemotingError as exc:
+                answer = exc
+            err, again = read_send(answer, broker=target.broker, topic=topic)
+            if err is None:
+                return target
+            log.warning("consumer %s: send-back to %s failed: %s", self.client_id, target, err)
+            if not again:
+                break
+        assert err is not None
+        raise err
 
     # --- the loop ------------------------------------------------------------------------
 
@@ -147,9 +214,10 @@ class MemberLoop:
                 except Exception:  # a bug: keep the member alive, say so
                     log.exception("consumer %s: group round failed", self.client_id)
                 wait = self._interval
-                claim = self._handover.next_claim()
-                if claim is not None:
-                    wait = min(wait, max(0.0, claim - time.monotonic()))
+                for sub in self.subs:
+                    claim = sub.handover.next_claim()
+                    if claim is not None:
+                        wait = min(wait, max(0.0, claim - time.monotonic()))
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), wait)
                 self._wake.clear()
@@ -168,63 +236,71 @@ class MemberLoop:
             cmd, ResponseCode.REQUEST_CODE_NOT_SUPPORTED, f"request code {cmd.code} not supported"
         )
 
+    async def _connection(self, addr: str) -> AsyncConnection:
+        assert self._pool is not None
+        return await self._pool.get(addr)
+
     async def _call(
         self, addr: str, cmd: RemotingCommand, timeout: float | None = None
     ) -> RemotingCommand:
-        assert self._pool is not None
-        conn = await self._pool.get(addr)
+        conn = await self._connection(addr)
         return await conn.call(cmd, self._timeout if timeout is None else timeout)
 
-    async def _refresh_route(self) -> None:
+    async def _refresh_route(self, sub: Subscription) -> None:
         assert self._ns is not None
         try:
-            route = await self._ns.get_route(self.topic)
+            route = await self._ns.get_route(sub.topic)
         except QClientError:
-            if self.routed:  # keep the brokers we know
+            if not sub.primary or self.routed:  # keep the brokers we know
                 log.warning(
-                    "consumer %s: route of %s failed, keeping the last", self.client_id, self.topic
+                    "consumer %s: route of %s failed, keeping the last", self.client_id, sub.topic
                 )
                 return
             raise
-        self._route_at = time.monotonic()
-        self.routed = True
+        # the retry topic not created yet (before a broker's first heartbeat made it) is
+        # asked for again every round, not every ROUTE_TTL
+        fresh = sub.primary or not route.auto_create
+        sub.route_at = time.monotonic() if fresh else -1e9
+        if sub.primary:
+            self.routed = True
         if route.auto_create:  # the topic does not exist yet: nothing to read
-            self._masters, self._queues = {}, []
+            sub.masters, sub.queues, sub.route = {}, [], None
             return
-        self._masters, self._queues = readable_queues(route)
-        self._addrs.update(self._masters)
+        sub.route = route
+        sub.masters, sub.queues = readable_queues(route)
+        self._addrs.update(sub.masters)
 
     async def _round(self) -> None:
         """Heartbeat every master, read the members, let go and take queues, commit."""
-        if time.monotonic() - self._route_at >= ROUTE_TTL:
-            await self._refresh_route()
-        masters = dict(self._masters)
+        for sub in self.subs:
+            if time.monotonic() - sub.route_at >= ROUTE_TTL:
+                await self._refresh_route(sub)
+        masters: dict[str, str] = {}
+        for sub in self.subs:
+            masters.update(sub.masters)
+        topics = {sub.topic: sub.expression for sub in self.subs}
+        beat = heartbeat_request(self.client_id, self.group, topics, self._sub_version)
         answers = await asyncio.gather(
-            *(
-                self._call(
-                    addr,
-                    heartbeat_request(self.client_id, self.group, self.topic, self._sub_version),
-                    self._round_timeout,
-                )
-                for addr in masters.values()
-            ),
+            *(self._call(addr, beat, self._round_timeout) for addr in masters.values()),
             return_exceptions=True,
         )
         for name, a in zip(masters, answers, strict=True):
             if not isinstance(a, RemotingCommand) or a.code != ResponseCode.SUCCESS:
                 log.debug("consumer %s: heartbeat to %s failed: %r", self.client_id, name, a)
-                self._route_at = -1e9  # look the route up again next round
+                for sub in self.subs:  # look the routes up again next round
+                    sub.route_at = -1e9
         members = await self._read_members(masters) if masters else []
         if members is None:
             return  # no broker answered: keep what is held until one does
         self.members = members
-        with self._cond:
-            held = set(self._state.assignment())
-        lose, take = self._handover.plan(members, self._queues, held, time.monotonic())
-        if lose:
-            await asyncio.gather(*(self._let_go(k) for k in lose))
-        if take:
-            await asyncio.gather(*(self._take(k) for k in take))
+        for sub in self.subs:
+            with self._cond:
+                held = set(sub.state.assignment())
+            lose, take = sub.handover.plan(members, sub.queues, held, time.monotonic())
+            if lose:
+                await asyncio.gather(*(self._let_go(sub, k) for k in lose))
+            if take:
+                await asyncio.gather(*(self._take(sub, k) for k in take))
         await self.commit_all()
 
     async def _read_members(self, masters: dict[str, str]) -> list[str] | None:
@@ -244,55 +320,57 @@ class MemberLoop:
             log.debug("consumer %s: member list from %s: %s", self.client_id, name, answer.remark)
         return None
 
-    async def _let_go(self, key: Key) -> None:
+    async def _let_go(self, sub: Subscription, key: Key) -> None:
         """Stop reading ``key``, give the application a moment to acknowledge what it
         returned of it (the next ``poll`` does), commit, forget it."""
+        state = sub.state
         with self._cond:
-            self._state.stop(key)
-        task = self._pulls.pop(key, None)
+            state.stop(key)
+        task = sub.pulls.pop(key, None)
         if task is not None:
             task.cancel()
         deadline = time.monotonic() + self._ack_wait
         while time.monotonic() < deadline:
             with self._cond:
-                if not self._state.unacked(key):
+                if not state.unacked(key):
                     break
             await asyncio.sleep(0.02)
         with self._cond:
-            offset = self._state.drop(key)
+            offset = state.drop(key)
         if offset is not None:
-            await self._commit(key[0], {key: offset})
-        log.debug("consumer %s: let go of %s (committed %s)", self.client_id, key, offset)
+            await self._committer.commit(sub, key[0], {key: offset})
+        log.debug(
+            "consumer %s: let go of %s %s (committed %s)", self.client_id, sub.topic, key, offset
+        )
 
-    async def _take(self, key: Key) -> None:
+    async def _take(self, sub: Subscription, key: Key) -> None:
         """Start reading ``key`` from the group's committed offset, else its first."""
         broker, qid = key
-        addr = self._masters.get(broker)
+        addr = sub.masters.get(broker)
         if addr is None:
             return
         try:
-            answer = await self._call(
-                addr, query_offset_request(self.group, self.topic, qid, broker)
-            )
+            query = query_offset_request(self.group, sub.topic, qid, broker)
+            answer = await self._call(addr, query)
             offset = read_offset(answer)
             if offset is None:
-                answer = await self._call(addr, min_offset_request(self.topic, qid, broker))
+                answer = await self._call(addr, min_offset_request(sub.topic, qid, broker))
                 offset = read_offset(answer) or 0
         except (RemotingError, ValueError) as exc:
             # not taken: the next round claims it again
             log.warning("consumer %s: offset of %s unknown: %s", self.client_id, key, exc)
             return
         with self._cond:
-            gen = self._state.take(key, offset)
-        self._pulls[key] = asyncio.create_task(self._pull_loop(key, gen))
-        log.debug("consumer %s: took %s at offset %d", self.client_id, key, offset)
+            gen = sub.state.take(key, offset)
+        sub.pulls[key] = asyncio.create_task(self._pull_loop(sub, key, gen))
+        log.debug("consumer %s: took %s %s at offset %d", self.client_id, sub.topic, key, offset)
 
     # --- fetching ------------------------------------------------------------------------
 
-    async def _pull_loop(self, key: Key, gen: int) -> None:
+    async def _pull_loop(self, sub: Subscription, key: Key, gen: int) -> None:
         """Keep one long-polling pull of ``key`` in flight while this ownership lasts."""
         broker, qid = key
-        state, cond = self._state, self._cond
+        state, cond = sub.state, self._cond
         failures = 0
         while not self._stopping:
             with cond:
@@ -300,19 +378,20 @@ class MemberLoop:
                     return
                 full = state.held(key) >= MAX_HELD_PER_QUEUE or state.total_held >= MAX_HELD
                 offset = state.position(key)
-            addr = self._masters.get(broker)
+            addr = sub.masters.get(broker)
             if full or addr is None:
                 await asyncio.sleep(_FLOW_WAIT if full else self._interval)
                 continue
             cmd = pull_request(
                 group=self.group,
-                topic=self.topic,
+                topic=sub.topic,
                 queue_id=qid,
                 offset=offset,
                 max_messages=PULL_BATCH,
                 suspend_ms=SUSPEND_MS,
                 sub_version=self._sub_version,
                 broker_name=broker,
+                subscription=sub.expression,
             )
             try:
                 answer = await self._call(addr, cmd, SUSPEND_MS / 1000 + self._timeout)
@@ -320,7 +399,7 @@ class MemberLoop:
             except (RemotingError, MessageDecodeError) as exc:
                 failures += 1
                 if isinstance(exc, RemotingConnectionError):
-                    self._route_at = -1e9
+                    sub.route_at = -1e9
                 log.debug("consumer %s: pull of %s failed: %s", self.client_id, key, exc)
                 await asyncio.sleep(min(1.0, 0.05 * 2**failures))
                 continue
@@ -339,8 +418,9 @@ class MemberLoop:
                 return
             if result.status is PullStatus.ERROR:
                 log.warning(
-                    "consumer %s: pull of %s refused: %s %s",
+                    "consumer %s: pull of %s %s refused: %s %s",
                     self.client_id,
+                    sub.topic,
                     key,
                     code_name(result.code),
                     result.remark,
@@ -357,88 +437,26 @@ class MemberLoop:
             for err in await self.commit_all():
                 log.debug("consumer %s: commit failed: %s", self.client_id, err)
 
-    async def commit_all(self) -> list[QClientError]:
-        """Commit every acknowledged offset the brokers have not confirmed; the errors."""
-        with self._cond:
-            brokers = {k[0] for k in self._state.pending_commits()}
-        results = await asyncio.gather(*(self._commit(b) for b in sorted(brokers)))
-        return [e for errs in results for e in errs]
-
-    async def _commit(
-        self, broker: str, offsets: dict[Key, int] | None = None
-    ) -> list[QClientError]:
-        """UPDATE_CONSUMER_OFFSET for ``offsets`` (default: the broker's pending ones).
-
-        One commit at a time per broker, each reading the offsets when its turn comes: the
-        broker runs requests on a thread pool, so two in flight could land out of order
-        and move the group's offset back."""
-        lock = self._commit_locks.setdefault(broker, asyncio.Lock())
-        async with lock:
-            if offsets is None:
-                with self._cond:
-                    offsets = self._state.pending_commits(broker)
-            addr = self._masters.get(broker) or self._addrs.get(broker)
-            if not offsets:
-                return []
-            if addr is None:
-                return [
-                    BrokerUnavailableError(f"broker {broker} has no address", broker_name=broker)
-                ]
-            items = sorted(offsets.items())
-            cmds = [
-                update_offset_request(self.group, self.topic, q, off, b) for (b, q), off in items
-            ]
-            try:
-                assert self._pool is not None
-                conn = await self._pool.get(addr)
-                answers = await conn.call_many(cmds, self._timeout)
-            except RemotingError as exc:
-                return [
-                    BrokerUnavailableError(
-                        f"broker {broker}: commit failed: {exc}", broker_name=broker
-                    )
-                ]
-            errors: list[QClientError] = []
-            for (key, off), a in zip(items, answers, strict=True):
-                if isinstance(a, RemotingCommand) and a.code == ResponseCode.SUCCESS:
-                    with self._cond:
-                        self._state.committed_ok(key, off)
-                elif isinstance(a, RemotingCommand):
-                    name = code_name(a.code)
-                    errors.append(
-                        BrokerResponseError(
-                            f"broker {broker}: commit of queue {key[1]}: {name} {a.remark}",
-                            code=name,
-                            broker_name=broker,
-                        )
-                    )
-                else:
-                    errors.append(
-                        BrokerUnavailableError(f"broker {broker}: {a}", broker_name=broker)
-                    )
-            return errors
-
     # --- leaving -------------------------------------------------------------------------
 
     async def shutdown(self) -> list[QClientError]:
         """Stop fetching, commit what was acknowledged, leave the group on every broker
         (the others rebalance at once), close the connections; the commit errors."""
         self._stopping = True
-        tasks = [t for t in (self._task, *self._pulls.values()) if t is not None]
+        pulls = [t for sub in self.subs for t in sub.pulls.values()]
+        tasks = [t for t in (self._task, *pulls) if t is not None]
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        self._pulls.clear()
+        for sub in self.subs:
+            sub.pulls.clear()
         errors: list[QClientError] = []
         try:
             if self._pool is not None:
                 errors = await self.commit_all()
-                leave = unregister_request
+                leave = unregister_request(self.client_id, self.group)
                 await asyncio.gather(
-                    *(
-                        self._call(a, leave(self.client_id, self.group))
-                        for a in self._masters.values()
-                    ),
+                    *(self._call(a, leave) for a in self.known_masters().values()),
                     return_exceptions=True,
                 )
         finally:
