@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import sys
 import threading
 import time
@@ -215,51 +214,3 @@ def test_copy_left_on_a_paused_broker_shares_the_time_and_is_cancelled(cluster):
     wait_until(lambda: now_ms() > r.deliver_at_ms + 300, 10, "the deliver time to pass")
     got = drain(cluster.namesrv, topic, "g", expected=9, timeout=3.0)
     assert mid not in {m.msg_id for m in got}
-
-
-def _cli(*args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [*QCLIENT, *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        stdin=subprocess.DEVNULL,
-    )
-
-
-def _done(proc: subprocess.Popen[str]) -> tuple[int, str, str]:
-    try:
-        out, err = proc.communicate(timeout=60)
-    finally:
-        proc.kill()
-    return proc.returncode, out, err
-
-
-def test_cli_lookup_cancel_reschedule(cluster):
-    ns, topic = cluster.namesrv, "lc-cli"
-    with Producer(cluster.namesrv) as p:
-        r = p.send_delayed(topic, b"x", delay=3600, msg_id="cli-1")
-        for mid in ("cli-2", "cli-3", "cli-4"):
-            p.send_delayed(topic, b"x", delay=3600, msg_id=mid)
-        p.cancel(topic=topic, msg_id="cli-4")
-    # every command at once, each on its own id (a process start costs ~1 s here)
-    procs = {
-        "lookup": _cli("lookup", "--namesrv", ns, "--topic", topic, "cli-1"),
-        "reschedule": _cli(
-            "reschedule", "--namesrv", ns, "--topic", topic, "--delay", "2h", "cli-2"
-        ),
-        "cancel": _cli("cancel", "--namesrv", ns, "--topic", topic, "cli-3"),
-        "cancelled": _cli("cancel", "--namesrv", ns, "--topic", topic, "cli-4"),
-        "unknown": _cli("lookup", "--namesrv", ns, "--topic", topic, "nope"),
-    }
-    done = {name: _done(proc) for name, proc in procs.items()}
-    code, out, err = done["lookup"]
-    assert code == 0 and '"state": "scheduled"' in out and r.msg_id in out, err
-    code, out, err = done["reschedule"]
-    assert code == 0 and '"msg_id": "cli-2"' in out, err
-    code, out, err = done["cancel"]
-    assert code == 0 and '"cancelled": true' in out, err
-    for name, says in (("cancelled", "it is cancelled"), ("unknown", "unknown to every broker")):
-        code, out, err = done[name]
-        assert code == 1 and says in err, err
-        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err

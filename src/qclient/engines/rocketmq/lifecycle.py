@@ -98,6 +98,7 @@ class RequestsCall:
     timeout: float
     make: Callable[[], list[RemotingCommand]]
     items: list[Item] = field(default_factory=list)
+    first_answer_ms: float | None = None  # set by the transports, unused here
 
     def payload(self) -> list[RemotingCommand]:
         return self.make()
