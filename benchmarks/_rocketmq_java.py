@@ -5,24 +5,33 @@ qclient reads what Java sent; benchmarks use ``run_bench`` as the producer qclie
 with.
 
 Every run has a bounded time: the child is killed when it overruns, and the error names the
-tail of its stderr (the client's log).
+tail of its stderr (the client's log). :class:`JavaProducers` keeps one JVM (``Main serve``)
+with named producers for a benchmark's whole run: its phases interleave with qclient's on a
+JVM that compiled its send path once, and several Java producers can measure together.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import queue
 import shutil
 import subprocess
 import tempfile
+import threading
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from types import TracebackType
+from typing import IO, Any
 
 __all__ = [
     "JAR",
     "LIB",
     "JavaPeerError",
+    "JavaProducers",
+    "JavaRun",
     "java_peer_available",
     "read_timeline",
     "run_bench",
@@ -127,12 +136,14 @@ def run_consume(
     count: int,
     timeout_s: float,
     tags: str | None = None,
+    settle_s: float | None = None,
 ) -> list[dict[str, Any]]:
     """The messages a clustering Java consumer of ``group`` reads from the first offset of
     ``topic``, stopping at ``count`` (possibly a few more: the last pull batch is reported
-    whole) or after ``timeout_s`` (possibly fewer). Each is a dict with uniqKey, msgId (the
-    broker's offset id), topic, tags, keys, body_b64, properties, bornTimestamp,
-    storeTimestamp, receivedMs, queueId, queueOffset, brokerName and reconsumeTimes."""
+    whole), ``settle_s`` after it when given (so copies beyond the count show up too), or
+    after ``timeout_s`` (possibly fewer). Each is a dict with uniqKey, msgId (the broker's
+    offset id), topic, tags, keys, body_b64, properties, bornTimestamp, storeTimestamp,
+    receivedMs, queueId, queueOffset, brokerName and reconsumeTimes. Duplicates are kept."""
     args = _flags(
         namesrv=namesrv_addr,
         topic=topic,
@@ -140,6 +151,7 @@ def run_consume(
         count=count,
         timeout_ms=int(timeout_s * 1000),
         tags=tags,
+        settle_ms=None if settle_s is None else int(settle_s * 1000),
     )
     lines = _run("consume", args, timeout_s + _SLACK_S, _QUICK_JVM, {0})
     if not lines or not lines[-1].get("done"):
@@ -236,6 +248,203 @@ def run_bench(
 
 def read_timeline(path: Path) -> list[dict[str, Any]]:
     """The sends of a bench timeline, ordered by start: startMs, endMs (epoch ms, fractional),
-    ok, key, uniqKey, thread, error."""
+    ok, key, uniqKey, broker (the broker name that acknowledged it), thread, error."""
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+# --- one JVM, named producers (Main serve) ---------------------------------------------------
+
+
+class JavaRun:
+    """A measurement under way in a :class:`JavaProducers` JVM."""
+
+    def __init__(self, owner: JavaProducers, run_id: str) -> None:
+        self._owner = owner
+        self.id = run_id
+        #: epoch ms at which the measured phase began (set by :meth:`wait_measuring`)
+        self.start_ms: float | None = None
+
+    def wait_measuring(self, timeout_s: float) -> float:
+        """Wait until the measured phase begins (after the warm-up); its start, epoch ms."""
+        line = self._owner._next(self.id, timeout_s, ("measuring",))
+        self.start_ms = float(line["startMs"])
+        return self.start_ms
+
+    def result(self, timeout_s: float) -> dict[str, Any]:
+        """Wait for the run's end; its summary (see :func:`run_bench`)."""
+        while True:
+            line = self._owner._next(self.id, timeout_s, ("measuring", "done"))
+            if line["event"] == "done":
+                summary: dict[str, Any] = line["summary"]
+                return summary
+            self.start_ms = float(line["startMs"])
+
+
+class JavaProducers:
+    """``with JavaProducers() as jp:`` one JVM running ``Main serve``: :meth:`open` starts a
+    named ``DefaultMQProducer`` (the client's defaults but for the loopback settings and what
+    is given), :meth:`run` / :meth:`start` measure on it like :func:`run_bench` (the same flags,
+    plus ``producer``, ``warmup_topic`` and ``start_at_ms``). Leaving the block ends the JVM
+    (killed when it does not exit within 10 s); every wait has a deadline, and a JVM that
+    died raises :class:`JavaPeerError` with its stderr tail."""
+
+    def __init__(self) -> None:
+        self._home: tempfile.TemporaryDirectory[str] | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._err: IO[bytes] | None = None
+        self._queues: dict[str, queue.Queue[dict[str, Any] | None]] = {}
+        self._lock = threading.Lock()
+        self._runs = 0
+        self._eof = False
+
+    def __enter__(self) -> JavaProducers:
+        why = java_peer_available()
+        if why is not None:
+            raise JavaPeerError(why)
+        self._home = tempfile.TemporaryDirectory(prefix="qclient-javaserve-")
+        home = self._home.name
+        self._err = open(Path(home) / "stderr.log", "wb")  # closed in __exit__
+        cmd = [
+            "java",
+            *_BENCH_JVM,
+            f"-Duser.home={home}",
+            f"-Djava.io.tmpdir={home}",
+            "-cp",
+            f"{JAR}{os.pathsep}{LIB}{os.sep}*",
+            "io.qclient.peer.Main",
+            "serve",
+        ]
+        try:
+            self._proc = subprocess.Popen(
+                cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err, cwd=home
+            )
+            threading.Thread(target=self._read, name="java-serve-reader", daemon=True).start()
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        proc = self._proc
+        if proc is not None:
+            with contextlib.suppress(OSError, ValueError):
+                assert proc.stdin is not None
+                proc.stdin.write(b"exit\n")
+                proc.stdin.close()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+        if self._err is not None:
+            self._err.close()
+        if self._home is not None:
+            self._home.cleanup()
+
+    @property
+    def pid(self) -> int | None:
+        """The JVM's process id while it runs."""
+        return self._proc.pid if self._proc is not None else None
+
+    def _read(self) -> None:
+        """The reader thread: each JSON line to the queue of its id; at EOF a None to all."""
+        assert self._proc is not None and self._proc.stdout is not None
+        for raw in self._proc.stdout:
+            if not raw.startswith(b"{"):
+                continue
+            line = json.loads(raw)
+            self._queue(str(line.get("id"))).put(line)
+        with self._lock:
+            self._eof = True
+            for q in self._queues.values():
+                q.put(None)
+
+    def _queue(self, key: str) -> queue.Queue[dict[str, Any] | None]:
+        with self._lock:
+            q = self._queues.get(key)
+            if q is None:
+                q = self._queues[key] = queue.Queue()
+                if self._eof:
+                    q.put(None)
+            return q
+
+    def _send(self, words: Sequence[str]) -> None:
+        if any(not w or any(c.isspace() for c in w) for w in words):
+            raise ValueError(f"serve command words must be non-empty without spaces: {words}")
+        assert self._proc is not None and self._proc.stdin is not None
+        self._proc.stdin.write((" ".join(words) + "\n").encode())
+        self._proc.stdin.flush()
+
+    def _next(self, key: str, timeout_s: float, events: Sequence[str]) -> dict[str, Any]:
+        """The next line of ``key`` (one of ``events``); JavaPeerError on an error line, the
+        JVM's death or the deadline."""
+        try:
+            line = self._queue(key).get(timeout=timeout_s)
+        except queue.Empty:
+            raise JavaPeerError(
+                f"java serve: no {'/'.join(events)} for {key} within {timeout_s:.0f} s; "
+                f"stderr tail:\n{self.stderr_tail()}"
+            ) from None
+        if line is None:
+            self._queue(key).put(None)  # later waits see the end too
+            raise JavaPeerError(f"java serve exited; stderr tail:\n{self.stderr_tail()}")
+        if line.get("event") not in events:
+            raise JavaPeerError(f"java serve: {key}: {line}")
+        return line
+
+    def stderr_tail(self) -> str:
+        """The last lines the JVM logged."""
+        return _tail(Path(self._home.name) / "stderr.log") if self._home else ""
+
+    def open(
+        self,
+        name: str,
+        namesrv_addr: str,
+        *,
+        latency_fault_enable: bool | None = None,
+        send_timeout_ms: int | None = None,
+        poll_namesrv_ms: int | None = None,
+        group: str | None = None,
+        timeout_s: float = 60.0,
+    ) -> dict[str, Any]:
+        """Start producer ``name``; its effective settings."""
+        flags = _flags(
+            namesrv=namesrv_addr,
+            group=group,
+            latency_fault_enable=latency_fault_enable,
+            send_timeout_ms=send_timeout_ms,
+            poll_namesrv_ms=poll_namesrv_ms,
+        )
+        self._send(["open", name, *flags])
+        settings: dict[str, Any] = self._next(name, timeout_s, ("opened",))["producer"]
+        return settings
+
+    def close(self, name: str, timeout_s: float = 60.0) -> None:
+        """Shut producer ``name`` down."""
+        self._send(["close", name])
+        self._next(name, timeout_s, ("closed",))
+
+    def start(self, producer: str, topic: str, mode: str, **flags: Any) -> JavaRun:
+        """Begin a measurement on ``producer`` (flags as :func:`run_bench`'s, ``_`` for ``-``,
+        plus ``warmup_topic`` and ``start_at_ms``); it runs in a thread of the JVM's own."""
+        with self._lock:
+            self._runs += 1
+            run_id = f"run{self._runs}"
+        args = _flags(producer=producer, topic=topic, mode=mode, **flags)
+        self._send(["run", run_id, *args])
+        return JavaRun(self, run_id)
+
+    def run(
+        self, producer: str, topic: str, mode: str, timeout_s: float = 600.0, **flags: Any
+    ) -> dict[str, Any]:
+        """One measurement on ``producer``, waited for; its summary."""
+        t0 = time.monotonic()
+        r = self.start(producer, topic, mode, **flags)
+        r.wait_measuring(timeout_s)
+        return r.result(max(1.0, timeout_s - (time.monotonic() - t0)))

@@ -2,8 +2,10 @@ package io.qclient.peer;
 
 import com.alibaba.fastjson2.JSON;
 import com.alibaba.fastjson2.JSONWriter;
+import com.sun.management.OperatingSystemMXBean;
 import java.io.BufferedWriter;
 import java.io.IOException;
+import java.lang.management.ManagementFactory;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
@@ -19,6 +21,7 @@ import java.util.concurrent.Semaphore;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicLong;
 import java.util.concurrent.locks.LockSupport;
+import java.util.function.Consumer;
 import org.apache.rocketmq.client.exception.MQBrokerException;
 import org.apache.rocketmq.client.exception.MQClientException;
 import org.apache.rocketmq.client.producer.DefaultMQProducer;
@@ -35,18 +38,20 @@ import org.apache.rocketmq.remoting.exception.RemotingTimeoutException;
  * {@code async} (send with a callback, at most --inflight outstanding) and {@code faults}
  * (like threads, for --duration-s, every send recorded). Every run is bounded by --count and,
  * when given, --duration-s; --rate paces the sends of all threads together (0: as fast as
- * they go). Prints one summary line; with --out (always in faults mode) writes a timeline of
- * every send as JSON lines {"startMs","endMs","ok","key","uniqKey","thread","error"} (epoch ms,
- * fractional), ordered by start.
+ * they go). Warm-up sends (--warmup, to --warmup-topic) come first; the measured phase starts
+ * after them, at --start-at-ms when given (so several producers can start together). Prints
+ * one summary line; with --out (always in faults mode) writes a timeline of every send as JSON
+ * lines {"startMs","endMs","ok","key","uniqKey","broker","thread","error"} (epoch ms,
+ * fractional), ordered by start. {@link Serve} runs the same measurement on producers it keeps.
  */
 final class Bench {
-    private static final Set<String> FLAGS = Set.of("namesrv", "topic", "mode", "count", "threads",
+    static final Set<String> FLAGS = Set.of("namesrv", "topic", "mode", "count", "threads",
             "body-size", "delay-ms", "latency-fault-enable", "duration-s", "out", "group",
-            "warmup", "rate", "inflight", "key-prefix");
+            "warmup", "rate", "inflight", "key-prefix", "warmup-topic", "start-at-ms");
 
     /** One measured send. */
     private record Rec(long startNs, long endNs, boolean ok, String key, String uniqKey,
-                       int thread, String error) {}
+                       String broker, int thread, String error) {}
 
     private final DefaultMQProducer producer;
     private final String topic;
@@ -89,64 +94,106 @@ final class Bench {
 
     static int run(String[] argv) throws Exception {
         Args a = new Args(argv, 1, FLAGS, Set.of());
-        String mode = a.required("mode");
-        if (!Set.of("one-call", "threads", "async", "faults").contains(mode)) {
-            throw new IllegalArgumentException("--mode one-call|threads|async|faults, got " + mode);
-        }
         DefaultMQProducer producer = new DefaultMQProducer(a.str("group", "qclient-java-peer-bench"));
         Main.configure(producer, a.required("namesrv"));
         Boolean lfe = a.bool("latency-fault-enable");
         if (lfe != null) {
             producer.setSendLatencyFaultEnable(lfe);
         }
-        Bench b = new Bench(producer, a, mode);
-        int threads = mode.equals("one-call") ? 1 : a.integer("threads", 64);
+        Map<String, Object> summary;
         producer.start();
-        Map<String, Object> summary = new LinkedHashMap<>();
         try {
-            int warmup = a.integer("warmup", 100);
-            int warmupErrors = 0;
-            long warmupStartNs = System.nanoTime();
-            for (int i = 0; i < warmup; i++) {
-                try {
-                    producer.send(b.message(null));
-                } catch (Exception e) {
-                    warmupErrors++;
-                }
-            }
-            // The measured phase: --duration-s counts from here, after start-up and warm-up.
-            b.startNs = System.nanoTime();
-            b.deadlineNs = b.durationNs == 0 ? Long.MAX_VALUE : b.startNs + b.durationNs;
-            if (mode.equals("async")) {
-                b.runAsync(a.integer("inflight", 1024));
-            } else {
-                b.runThreads(threads);
-            }
-            summary.put("mode", mode);
-            summary.put("threads", mode.equals("async") ? null : threads);
-            summary.put("inflight", mode.equals("async") ? a.integer("inflight", 1024) : null);
-            summary.put("warmup", warmup);
-            summary.put("warmup_errors", warmupErrors);
-            summary.put("warmup_s", round((b.startNs - warmupStartNs) / 1e9));
-            summary.put("body_size", b.body.length);
-            summary.put("delay_ms", b.delayMs);
-            summary.put("rate", a.num("rate", 0));
-            b.summarize(summary);
-            summary.put("producer", settings(producer));
+            summary = measure(producer, a, ev -> { });
         } finally {
             producer.shutdown();
-        }
-        if (b.timeline) {
-            String out = a.required("out");
-            b.writeTimeline(Path.of(out));
-            summary.put("out", out);
         }
         Main.emit(summary);
         return 0;
     }
 
+    /**
+     * One run on a started producer: warm-up sends (to --warmup-topic, default --topic), then
+     * at --start-at-ms (epoch ms; at once when absent or past) the measured phase, announced
+     * to {@code events} as {@code {"event":"measuring","startMs":...}}; returns the summary
+     * (and writes the timeline to --out when given).
+     */
+    static Map<String, Object> measure(DefaultMQProducer producer, Args a,
+                                       Consumer<Map<String, Object>> events) throws Exception {
+        String mode = a.required("mode");
+        if (!Set.of("one-call", "threads", "async", "faults").contains(mode)) {
+            throw new IllegalArgumentException("--mode one-call|threads|async|faults, got " + mode);
+        }
+        Bench b = new Bench(producer, a, mode);
+        int threads = mode.equals("one-call") ? 1 : a.integer("threads", 64);
+        Map<String, Object> summary = new LinkedHashMap<>();
+        int warmup = a.integer("warmup", 100);
+        int warmupErrors = 0;
+        String warmupTopic = a.str("warmup-topic", b.topic);
+        long warmupStartNs = System.nanoTime();
+        for (int i = 0; i < warmup; i++) {
+            try {
+                producer.send(b.message(warmupTopic, null));
+            } catch (Exception e) {
+                warmupErrors++;
+            }
+        }
+        long warmupNs = System.nanoTime() - warmupStartNs;
+        long startAtMs = a.num("start-at-ms", 0);
+        long waitMs;
+        while ((waitMs = startAtMs - System.currentTimeMillis()) > 0) {
+            Thread.sleep(Math.min(waitMs, 100));
+        }
+        // The measured phase: --duration-s counts from here, after start-up and warm-up.
+        long cpu0 = cpuNs();
+        b.startNs = System.nanoTime();
+        b.deadlineNs = b.durationNs == 0 ? Long.MAX_VALUE : b.startNs + b.durationNs;
+        Map<String, Object> ev = new LinkedHashMap<>();
+        ev.put("event", "measuring");
+        ev.put("startMs", System.currentTimeMillis());
+        events.accept(ev);
+        if (mode.equals("async")) {
+            b.runAsync(a.integer("inflight", 1024));
+        } else {
+            b.runThreads(threads);
+        }
+        long cpuNs = cpuNs() - cpu0;
+        summary.put("mode", mode);
+        summary.put("threads", mode.equals("async") ? null : threads);
+        summary.put("inflight", mode.equals("async") ? a.integer("inflight", 1024) : null);
+        summary.put("warmup", warmup);
+        summary.put("warmup_errors", warmupErrors);
+        summary.put("warmup_s", round(warmupNs / 1e9));
+        summary.put("body_size", b.body.length);
+        summary.put("delay_ms", b.delayMs);
+        summary.put("rate", a.num("rate", 0));
+        b.summarize(summary);
+        // the whole JVM's CPU (every thread: the client's, GC, JIT) per acknowledged send
+        Object ok = summary.get("ok");
+        summary.put("client_cpu_us_per_msg",
+                ok instanceof Integer n && n > 0 && cpuNs >= 0 ? round(cpuNs / 1e3 / n) : null);
+        summary.put("producer", settings(producer));
+        if (b.timeline) {
+            String out = a.required("out");
+            b.writeTimeline(Path.of(out));
+            summary.put("out", out);
+        }
+        return summary;
+    }
+
+    /** This JVM's CPU time so far (ns, every thread), or -1 where the JVM does not tell. */
+    private static long cpuNs() {
+        if (ManagementFactory.getOperatingSystemMXBean() instanceof OperatingSystemMXBean os) {
+            return os.getProcessCpuTime();
+        }
+        return -1;
+    }
+
     private Message message(String key) {
-        Message m = new Message(topic, null, key, body);
+        return message(topic, key);
+    }
+
+    private Message message(String toTopic, String key) {
+        Message m = new Message(toTopic, null, key, body);
         if (delayMs > 0) {
             m.setDeliverTimeMs(System.currentTimeMillis() + delayMs);
         }
@@ -187,9 +234,9 @@ final class Bench {
                     try {
                         SendResult r = producer.send(message(key));
                         mine.add(new Rec(s, System.nanoTime(), true, key,
-                                timeline ? r.getMsgId() : null, id, null));
+                                timeline ? r.getMsgId() : null, broker(r), id, null));
                     } catch (Exception e) {
-                        mine.add(new Rec(s, System.nanoTime(), false, key, null, id, describe(e)));
+                        mine.add(new Rec(s, System.nanoTime(), false, key, null, null, id, describe(e)));
                         countError(e);
                     }
                 }
@@ -214,19 +261,20 @@ final class Bench {
                 producer.send(message(key), new SendCallback() {
                     @Override
                     public void onSuccess(SendResult r) {
-                        record(new Rec(s, System.nanoTime(), true, key, timeline ? r.getMsgId() : null, 0, null));
+                        record(new Rec(s, System.nanoTime(), true, key, timeline ? r.getMsgId() : null,
+                                broker(r), 0, null));
                         slots.release();
                     }
 
                     @Override
                     public void onException(Throwable e) {
-                        record(new Rec(s, System.nanoTime(), false, key, null, 0, describe(e)));
+                        record(new Rec(s, System.nanoTime(), false, key, null, null, 0, describe(e)));
                         countError(e);
                         slots.release();
                     }
                 });
             } catch (Exception e) {
-                record(new Rec(s, System.nanoTime(), false, key, null, 0, describe(e)));
+                record(new Rec(s, System.nanoTime(), false, key, null, null, 0, describe(e)));
                 countError(e);
                 slots.release();
             }
@@ -238,6 +286,10 @@ final class Bench {
                         .addAndGet(inflight - slots.availablePermits());
             }
         }
+    }
+
+    private static String broker(SendResult r) {
+        return r.getMessageQueue() == null ? null : r.getMessageQueue().getBrokerName();
     }
 
     private void record(Rec r) {
@@ -292,6 +344,7 @@ final class Bench {
                 o.put("ok", r.ok);
                 o.put("key", r.key);
                 o.put("uniqKey", r.uniqKey);
+                o.put("broker", r.broker);
                 o.put("thread", r.thread);
                 o.put("error", r.error);
                 w.write(JSON.toJSONString(o, JSONWriter.Feature.WriteNulls));
@@ -300,7 +353,7 @@ final class Bench {
         }
     }
 
-    private static Map<String, Object> settings(DefaultMQProducer p) {
+    static Map<String, Object> settings(DefaultMQProducer p) {
         Map<String, Object> o = new LinkedHashMap<>();
         o.put("sendMsgTimeout", p.getSendMsgTimeout());
         o.put("retryTimesWhenSendFailed", p.getRetryTimesWhenSendFailed());

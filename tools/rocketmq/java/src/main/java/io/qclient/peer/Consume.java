@@ -16,11 +16,14 @@ import org.apache.rocketmq.common.message.MessageExt;
  * per message and a final {@code {"done":true,"count":n,"timedOut":b}}. It stops once it has
  * printed at least {@code --count} messages (every message of the last poll is printed, so the
  * count may exceed N by part of one pull batch; nothing consumed goes unreported) or at
- * {@code --timeout-ms}.
+ * {@code --timeout-ms}. With {@code --settle-ms} it goes on polling that long after the count,
+ * so copies beyond it (duplicates, messages never acknowledged) show up too; it does not
+ * drop a unique key it has already printed.
  */
 final class Consume {
     private static final Set<String> FLAGS =
-            Set.of("namesrv", "topic", "group", "count", "timeout-ms", "tags", "pull-batch-size");
+            Set.of("namesrv", "topic", "group", "count", "timeout-ms", "tags", "pull-batch-size",
+                    "settle-ms");
 
     private Consume() {}
 
@@ -29,6 +32,7 @@ final class Consume {
         String topic = a.required("topic");
         long count = a.num("count", 1);
         long timeoutMs = a.num("timeout-ms", 30_000);
+        long settleMs = a.num("settle-ms", 0);
         DefaultLitePullConsumer consumer = new DefaultLitePullConsumer(a.required("group"));
         Main.configure(consumer, a.required("namesrv"));
         consumer.setConsumeFromWhere(ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET);
@@ -39,8 +43,18 @@ final class Consume {
         long n = 0;
         consumer.start();
         try {
-            while (n < count) {
-                long left = deadline - System.currentTimeMillis();
+            long settleUntil = -1;
+            while (true) {
+                if (n >= count) {
+                    if (settleMs <= 0) {
+                        break;
+                    }
+                    if (settleUntil < 0) { // the count reached: poll --settle-ms more
+                        settleUntil = System.currentTimeMillis() + settleMs;
+                    }
+                }
+                long end = settleUntil < 0 ? deadline : Math.min(deadline, settleUntil);
+                long left = end - System.currentTimeMillis();
                 if (left <= 0) {
                     break;
                 }

@@ -19,6 +19,7 @@ import org.apache.rocketmq.client.ClientConfig;
  * produce --namesrv H:P --topic T --count N [--delay-ms D] [--deliver-at-ms A] [--tags T]
  *         [--keys K] [--prop k=v ...] [--body TEXT] [--group G]
  * bench   --namesrv H:P --topic T --mode one-call|threads|async|faults --count N ...
+ * serve   (commands on stdin: open / run / close named producers; see Serve)
  * </pre>
  *
  * Results are JSON lines on stdout; the client's own logging goes to stderr. Exit status 0
@@ -44,7 +45,7 @@ public final class Main {
             System.setProperty("rocketmq.client.rebalance.waitInterval", "1000");
         }
         if (argv.length == 0) {
-            System.err.println("usage: Main consume|produce|bench --flag value ...");
+            System.err.println("usage: Main consume|produce|bench|serve --flag value ...");
             System.exit(2);
         }
         int rc;
@@ -53,6 +54,7 @@ public final class Main {
                 case "consume" -> rc = Consume.run(argv);
                 case "produce" -> rc = Produce.run(argv);
                 case "bench" -> rc = Bench.run(argv);
+                case "serve" -> rc = Serve.run(argv);
                 default -> throw new IllegalArgumentException("unknown subcommand " + argv[0]);
             }
         } catch (IllegalArgumentException e) {
