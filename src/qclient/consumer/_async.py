@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 from types import TracebackType
 from typing import Any
 
@@ -61,6 +62,18 @@ class AsyncConsumer:
 
     def __aiter__(self) -> AsyncIterator[ReceivedMessage]:
         return self.messages()
+
+    async def retry_later(
+        self, message: ReceivedMessage, delay: float | timedelta | None = None
+    ) -> None:
+        """``Consumer.retry_later``: hand ``message`` back to the group, delivered again
+        after ``delay`` (or the group's backoff); returns once the copy is durable."""
+        # on a thread of its own: a poll in progress on the consumer's thread may wait
+        await asyncio.to_thread(self._consumer.retry_later, message, delay)
+
+    async def dead_letter(self, message: ReceivedMessage, reason: str) -> None:
+        """``Consumer.dead_letter``: put ``message`` into the group's dead-letter topic."""
+        await asyncio.to_thread(self._consumer.dead_letter, message, reason)
 
     async def commit(self) -> None:
         """Commit now everything ``poll()`` returned so far."""

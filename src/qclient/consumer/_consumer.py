@@ -7,7 +7,8 @@ there, learns the group's live members, and takes its contiguous share of all qu
 owner released it (after committing) or stopped renewing its lease, and serves and
 commits a queue only for its owner. Offsets of what ``poll()`` returned are committed by
 the next ``poll()`` (or ``commit()``, or ``close()``), so a member that dies re-delivers
-only what it had not committed.
+only what it had not committed. The group's retry topic is read the same way, beside
+the topic (``_handback.py``: ``retry_later`` and ``dead_letter``).
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ from .._models import ReceivedMessage
 from ..engines import ROCKETMQ, parse_namesrv
 from ..errors import AuthError, ConsumerClosedError, QClientError
 from ..protocol import wire
-from ._group import GroupMember
+from ._handback import HandBack
 from ._member import iter_messages
+from ._sub import Subscription
 
 __all__ = ["Consumer"]
 
@@ -34,9 +36,12 @@ log = logging.getLogger(__name__)
 _MAX_PULL = 1024  # messages per pull at most (the broker's default limit)
 
 
-class Consumer(GroupMember):
+class Consumer(HandBack):
     """``Consumer(namesrv, topic, group)``; ``poll()`` returns delivered messages.
 
+    ``tags``: a tag expression (``"TagA || TagB"``; None or ``"*"``: all): the group gets
+    only messages with one of these tags, the brokers skip (and commit) the others.
+    ``max_attempts`` and ``retry_delays``: see :meth:`retry_later`.
     ``session_timeout``: seconds after its last heartbeat or poll that a member counts as
     dead and its queues move to the others (heartbeats go every third of it).
     ``auto_commit=False``: only ``commit()`` commits (``poll()`` does not).
@@ -70,7 +75,8 @@ class Consumer(GroupMember):
             if self._closed:
                 raise ConsumerClosedError("consumer is closed")
             if self.auto_commit:
-                self._ack.update(self._delivered)
+                for sub in self._subs:
+                    sub.ack.update(sub.delivered)
             out = self._release(max_messages)
             if not out:
                 self._fetch(timeout, max_messages)
@@ -79,10 +85,23 @@ class Consumer(GroupMember):
         return out
 
     def _release(self, limit: int) -> list[ReceivedMessage]:
-        """Held messages that are due, up to ``limit``; what may be committed moves."""
-        out, commit = self._held.release(limit)
-        self._delivered.update(commit)
+        """Held messages that are due, up to ``limit``, the earliest topic's first."""
+        ready = [s for s in self._subs if s.held.next_release_ns() is not None]
+        if not ready:
+            return []
+        if len(ready) > 1:
+            ready.sort(key=lambda s: s.held.next_release_ns() or 0)
+        out = ready[0].release(limit)
+        for sub in ready[1:]:
+            if len(out) < limit:
+                out += sub.release(limit - len(out))
+        if out:
+            self._note_returned(out)
         return out
+
+    def _next_release_ns(self) -> int | None:
+        times = [t for s in self._subs if (t := s.held.next_release_ns()) is not None]
+        return min(times) if times else None
 
     def messages(
         self, timeout: float | None = None, *, max_messages: int = 32
@@ -98,18 +117,21 @@ class Consumer(GroupMember):
     def commit(self) -> None:
         """Commit now everything ``poll()`` returned so far."""
         with self._lock:
-            self._ack.update(self._delivered)
-            for name, addr in list(self._brokers.items()):
-                commits = self._pending_commits(name)
-                if commits and name not in self._inflight:
-                    req = wire.PullRequest(
-                        self.topic, self.group, 0, 0, commits, client_id=self.client_id
-                    )
-                    resp = self._request(name, addr, wire.BROKER_PULL, req, wire.PullResponse)
-                    if resp is not None:
-                        self._committed_ok(name, commits, resp.lost)
-                elif commits:
-                    self._heartbeat_one(name, addr, commits)
+            for sub in self._subs:
+                sub.ack.update(sub.delivered)
+                for name, addr in list(sub.brokers.items()):
+                    commits = sub.pending_commits(name)
+                    if commits and name not in sub.inflight:
+                        req = wire.PullRequest(
+                            sub.topic, self.group, 0, 0, commits, client_id=self.client_id
+                        )
+                        resp = self._request(
+                            sub, name, addr, wire.BROKER_PULL, req, wire.PullResponse
+                        )
+                        if resp is not None:
+                            sub.committed_ok(name, commits, resp.lost)
+                    elif commits:
+                        self._heartbeat_one(sub, name, addr, commits)
 
     def close(self) -> None:
         """Commit what was returned, leave the group (its queues move to the others at
@@ -119,11 +141,13 @@ class Consumer(GroupMember):
                 return
             self._closed = True
             if self.auto_commit:
-                self._ack.update(self._delivered)
+                for sub in self._subs:
+                    sub.ack.update(sub.delivered)
             try:
                 futs = [
-                    self._pool.submit(self._leave, name, addr)
-                    for name, addr in self._brokers.items()
+                    self._pool.submit(self._leave, sub, name, addr)
+                    for sub in self._subs
+                    for name, addr in sub.brokers.items()
                 ]
                 for f in futs:
                     try:
@@ -151,21 +175,24 @@ class Consumer(GroupMember):
         return self._closed
 
     def assignment(self) -> list[tuple[str, int]]:
-        """The (broker name, queue id) pairs this member holds now, sorted."""
+        """The (broker name, queue id) pairs of the group's topic this member holds now,
+        sorted."""
         # no lock (a poll may hold it for its whole timeout): copies are atomic in CPython
-        return sorted((b, q) for b, qs in dict(self._owned).items() for q in list(qs))
+        owned = dict(self._main.owned)
+        return sorted((b, q) for b, qs in owned.items() for q in list(qs))
 
     def committed(self) -> dict[tuple[str, int], int]:
         """The next offset the brokers acknowledged as committed for this member, per
-        (broker name, queue id): what a new owner of the queue would start from. It moves
-        when the pull or heartbeat carrying a commit is answered, not when ``commit()``
-        or ``poll()`` is called."""
-        return dict(self._committed)  # no lock, as assignment(): the copy is atomic
+        (broker name, queue id) of the group's topic: what a new owner of the queue would
+        start from. It moves when the pull or heartbeat carrying a commit is answered,
+        not when ``commit()`` or ``poll()`` is called."""
+        return dict(self._main.committed)  # no lock, as assignment(): the copy is atomic
 
     # --- fetching -------------------------------------------------------------------
 
     def _pull(
         self,
+        sub: Subscription,
         name: str,
         addr: str,
         queues: dict[int, int],
@@ -175,7 +202,7 @@ class Consumer(GroupMember):
     ) -> tuple[wire.PullResponse, int]:
         """The answer, and our monotonic clock (ns) when it came (for its ``clock_ns``)."""
         req = wire.PullRequest(
-            self.topic,
+            sub.topic,
             self.group,
             size,
             wait_ms,
@@ -183,8 +210,9 @@ class Consumer(GroupMember):
             client_id=self.client_id,
             queues=queues,
             hold=True,
+            tags=self._tags,
         )
-        resp = self._request(name, addr, wire.BROKER_PULL, req, wire.PullResponse, wait_ms)
+        resp = self._request(sub, name, addr, wire.BROKER_PULL, req, wire.PullResponse, wait_ms)
         got_ns = time.monotonic_ns()
         if resp is None:
             resp = wire.PullResponse(name, [], {}, sorted(queues))
@@ -197,7 +225,7 @@ class Consumer(GroupMember):
         # a pull asks for at least 256 (what one poll does not take stays held)
         size = max(256, min(max_messages, _MAX_PULL))
         deadline = time.monotonic() + max(0.0, timeout)
-        held = self._held
+        subs = self._subs
         while True:
             now = time.monotonic()
             if now >= self._next_hb:
@@ -205,22 +233,25 @@ class Consumer(GroupMember):
                 now = time.monotonic()
             remaining = deadline - now
             wait_s = max(0.0, min(remaining, self._next_hb - now))
-            release_ns = held.next_release_ns()
+            release_ns = self._next_release_ns()
             holding = release_ns is not None
             sleep_s = wait_s
             if release_ns is not None:
                 sleep_s = max(0.0, min(sleep_s, (release_ns - time.monotonic_ns()) / 1e9))
             todo = [
-                name
-                for name, owned in self._owned.items()
-                if owned and name in self._brokers and name not in self._inflight
+                (sub, name)
+                for sub in subs
+                if not sub.refused
+                for name, owned in sub.owned.items()
+                if owned and name in sub.brokers and name not in sub.inflight
             ]
+            in_flight = [f for sub in subs for f in sub.inflight.values()]
             # One broker to pull, none in flight, nothing held: pull on this thread
-            direct = len(todo) == 1 and not self._inflight and not holding
-            for name in todo:
-                queues = {q: self._pos.get((name, q), -1) for q in self._owned[name]}
-                commits = self._pending_commits(name)
-                args = (name, self._brokers[name], queues, commits, int(wait_s * 1000), size)
+            direct = len(todo) == 1 and not in_flight and not holding
+            for sub, name in todo:
+                queues = {q: sub.pos.get((name, q), -1) for q in sub.owned[name]}
+                commits = sub.pending_commits(name)
+                args = (sub, name, sub.brokers[name], queues, commits, int(wait_s * 1000), size)
                 if direct:
                     fut: Future[tuple[wire.PullResponse, int]] = Future()
                     try:
@@ -229,24 +260,21 @@ class Consumer(GroupMember):
                         fut.set_exception(exc)
                 else:
                     fut = self._pool.submit(self._pull, *args)
-                self._inflight[name] = fut
-                self._sent[name] = (queues, commits)
+                sub.inflight[name] = fut
+                sub.sent[name] = (queues, commits)
+                in_flight.append(fut)
             if direct:
-                done = set(self._inflight.values())
-            elif self._inflight:
+                done = set(in_flight)
+            elif in_flight:
                 # a long poll may answer at its end: allow it that, unless something
                 # held comes due first
                 grace = 0.05 if remaining > 0 and not holding else 0.0
-                done, _ = wait(
-                    list(self._inflight.values()),
-                    timeout=sleep_s + grace,
-                    return_when=FIRST_COMPLETED,
-                )
+                done, _ = wait(in_flight, timeout=sleep_s + grace, return_when=FIRST_COMPLETED)
             else:
                 done = set()
                 time.sleep(sleep_s)
             errors = self._collect(done)
-            nxt = held.next_release_ns()
+            nxt = self._next_release_ns()
             if nxt is not None and nxt <= time.monotonic_ns():
                 return
             refused = [e for e in errors if isinstance(e, AuthError)]
@@ -254,7 +282,7 @@ class Consumer(GroupMember):
                 raise refused[0]
             if errors:
                 log.debug("pull failed on %d broker(s): %s", len(errors), errors[0])
-                if len(errors) >= len(self._owned):
+                if len(errors) >= sum(len(sub.owned) for sub in subs):
                     self._next_hb = 0.0  # re-check route and leases before pulling again
                     time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
             if time.monotonic() >= deadline:
@@ -262,43 +290,30 @@ class Consumer(GroupMember):
 
     def _collect(self, done: set[Future[tuple[wire.PullResponse, int]]]) -> list[QClientError]:
         errors: list[QClientError] = []
-        for name, fut in list(self._inflight.items()):
-            if fut not in done:
-                continue
-            del self._inflight[name]
-            queues, commits = self._sent.pop(name)
-            try:
-                resp, got_ns = fut.result()
-            except QClientError as exc:
-                errors.append(exc)
-                continue
-            if resp.clock_ns:
-                self._held.clock(name).add(resp.clock_ns, got_ns)
-            self._committed_ok(name, commits, resp.lost)
-            for q in resp.lost:
-                self._drop(name, q)
-            self._accept(name, resp, queues)
+        for sub in self._subs:
+            for name, fut in list(sub.inflight.items()):
+                if fut not in done:
+                    continue
+                del sub.inflight[name]
+                queues, commits = sub.sent.pop(name)
+                try:
+                    resp, got_ns = fut.result()
+                except AuthError as exc:
+                    if not sub.retry:
+                        errors.append(exc)
+                        continue
+                    log.warning("%s: not reading %s: %s", self.group, sub.topic, exc)
+                    sub.refused = True  # the account may not read it: the topic only
+                    for broker in list(sub.owned):
+                        sub.set_owned(broker, set())
+                    continue
+                except QClientError as exc:
+                    errors.append(exc)
+                    continue
+                if resp.clock_ns:
+                    sub.held.clock(name).add(resp.clock_ns, got_ns)
+                sub.committed_ok(name, commits, resp.lost)
+                for q in resp.lost:
+                    sub.drop(name, q)
+                sub.accept(name, resp, queues, self._keep)
         return errors
-
-    def _accept(self, broker: str, resp: wire.PullResponse, queues: dict[int, int]) -> None:
-        owned = self._owned.get(broker, set())
-        pos = self._pos
-        fetched: list[wire.PulledMessage] = []
-        append = fetched.append
-        accepted: dict[int, bool] = {}  # per queue, decided at its first message
-        last: dict[int, int] = {}  # per queue, the offset of its last message here
-        for m in resp.messages:
-            q = m.queue_id
-            ok = accepted.get(q)
-            if ok is None:
-                # not owned: released while the pull was in flight (the next owner reads
-                # it); position moved: the queue was dropped and taken again meanwhile
-                expected = pos.get((broker, q), -1)
-                ok = accepted[q] = q in owned and q in queues and expected in (queues[q], m.offset)
-            if not ok:
-                continue
-            append(m)
-            last[q] = m.offset
-        for q, off in last.items():
-            pos[(broker, q)] = off + 1
-        self._held.add(broker, fetched)

@@ -1,10 +1,16 @@
 """One member of a consumer group: its state and its side of the group protocol.
 
-Every heartbeat interval a member heartbeats each broker of the topic with the queues it
-wants there, learns the group's live members, and takes its contiguous share of all
+A member reads the group's topic and the group's retry topic ``%RETRY%<group>`` (where
+``retry_later`` puts messages back), each a :class:`Subscription` of its own. Every
+heartbeat interval it heartbeats each broker of each topic with the queues it wants
+there, learns the group's live members, and takes its contiguous share of that topic's
 queues (:func:`allocate_averagely`). Commits ride on pulls and heartbeats; a queue no
 longer held is forgotten with what was fetched from it and not returned.
 :class:`~qclient.consumer.Consumer` adds polling on top.
+
+The retry topic exists once some member retried a message (brokers create it on that
+first send): until then its route is looked up every :data:`_ROUTE_TTL`, and a member
+that sent a retry itself reads it from that broker at once.
 """
 
 from __future__ import annotations
@@ -15,8 +21,10 @@ import socket
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from datetime import timedelta
 from typing import TypeVar
 
 from ..engines import parse_namesrv
@@ -26,11 +34,15 @@ from ..routing.nameserver import NameServerClient
 from ..routing.publish_info import master_addrs
 from ..transport.http import Credentials, SyncHttp
 from ._allocate import allocate_averagely
-from ._hold import HeldMessages
+from ._failures import MAX_ATTEMPTS, failure_policy, retry_topic
+from ._hold import ClockOffset
 from ._member import check_member
+from ._received import from_pulled
+from ._retry import from_retry
 from ._rpc import call
+from ._sub import Subscription
 
-__all__ = ["GroupMember"]
+__all__ = ["DeliveryKey", "GroupMember"]
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +50,8 @@ _ROUTE_TTL = 5.0  # seconds between route look-ups while polling
 _CONVERGE_S = 0.1  # heartbeat this often while the queues held differ from the share
 
 T = TypeVar("T")
-Key = tuple[str, int]  # (broker name, queue id)
+#: one delivery of one message: (broker, queue id, offset, msg id, attempt)
+DeliveryKey = tuple[str, int, int, str, int]
 
 
 def _client_id() -> str:
@@ -47,8 +60,9 @@ def _client_id() -> str:
 
 
 class GroupMember:
-    """A member's state (route, share, leases, offsets, held messages) and its requests:
-    heartbeats, leaving, commits, and the rebalance that follows each heartbeat round."""
+    """A member's subscriptions (route, share, leases, offsets, held messages per topic)
+    and its requests: heartbeats, leaving, commits, and the rebalance that follows each
+    heartbeat round."""
 
     def __init__(
         self,
@@ -56,6 +70,9 @@ class GroupMember:
         topic: str,
         group: str,
         *,
+        tags: str | None = None,
+        max_attempts: int = MAX_ATTEMPTS,
+        retry_delays: Sequence[float | timedelta] | None = None,
         access_key: str | None = None,
         secret_key: str | None = None,
         request_timeout: float = 5.0,
@@ -66,10 +83,15 @@ class GroupMember:
     ) -> None:
         cid = client_id or _client_id()
         check_member(topic, group, session_timeout, cid)
+        self.policy = failure_policy(tags, max_attempts, retry_delays)
         self.topic = topic
         self.group = group
         self.client_id = cid
         self.auto_commit = auto_commit
+        #: the tags the group receives (None: all), as pulls carry them; and as a set
+        #: the consumer checks again (empty: all)
+        self._tags = None if self.policy.tags is None else sorted(self.policy.tags)
+        self._keep = self.policy.tags or frozenset()
         self._lease_ms = int(session_timeout * 1000)
         self._interval = session_timeout / 3
         creds = Credentials(access_key, secret_key) if access_key and secret_key else None
@@ -77,22 +99,19 @@ class GroupMember:
         _engine, addrs = parse_namesrv(namesrv)  # qclient:// or none: ours (see Consumer)
         self._namesrv = NameServerClient(addrs, timeout=request_timeout, http=self._http)
         self._timeout = request_timeout
-        self._brokers: dict[str, str] = {}  # name -> addr
-        self._route_at = 0.0
-        self._counts: dict[str, int] = {}  # broker -> read queues
-        self._members: list[str] = []
-        self._target: dict[str, set[int]] = {}  # this member's share
-        self._owned: dict[str, set[int]] = {}  # what the brokers granted
+        clocks: dict[str, ClockOffset] = {}  # per broker, shared by the subscriptions
+        self._main = Subscription(topic, retry=False, convert=from_pulled, clocks=clocks)
+        subs = [self._main]
+        retries = retry_topic(group)
+        # (a group consuming its own retry topic, or a name too long for one, has none)
+        if retries != topic and wire.valid_topic(retries):
+            subs.append(Subscription(retries, retry=True, convert=from_retry, clocks=clocks))
+        self._subs = tuple(subs)
+        #: brokers this member sent retries to: their retry topic exists
+        self._retry_brokers: dict[str, str] = {}
         self._next_hb = 0.0
-        self._pos: dict[Key, int] = {}  # next offset to fetch
-        self._delivered: dict[Key, int] = {}  # next offset after what poll() returned
-        self._ack: dict[Key, int] = {}  # may be committed
-        self._committed: dict[Key, int] = {}
-        self._inflight: dict[str, Future[tuple[wire.PullResponse, int]]] = {}
-        self._sent: dict[str, tuple[dict[int, int], dict[int, int]]] = {}  # queues, commits
-        # fetched, not returned: each message until its deliver time (brokers fire a few
-        # ms ahead, see _hold.py), and what may be committed
-        self._held = HeldMessages()
+        #: the deliveries poll() returned (the newest ones): handed back already?
+        self._returned: OrderedDict[DeliveryKey, bool] = OrderedDict()
         self._pool = ThreadPoolExecutor(8, thread_name_prefix="qclient-consumer")
         self._lock = threading.RLock()
         self._closed = False
@@ -101,6 +120,7 @@ class GroupMember:
 
     def _request(
         self,
+        sub: Subscription,
         broker: str,
         addr: str,
         path: str,
@@ -110,41 +130,27 @@ class GroupMember:
         timeout: float | None = None,
     ) -> T | None:
         limit = (self._timeout if timeout is None else timeout) + wait_ms / 1000
-        return call(self._http, broker, addr, path, req, typ, topic=self.topic, timeout=limit)
+        return call(self._http, broker, addr, path, req, typ, topic=sub.topic, timeout=limit)
 
-    def _pending_commits(self, broker: str) -> dict[int, int]:
-        owned = self._owned.get(broker, set())
-        out = {}
-        for q in owned:
-            off = self._ack.get((broker, q))
-            if off is not None and off > self._committed.get((broker, q), -1):
-                out[q] = off
-        return out
-
-    def _committed_ok(self, broker: str, commits: dict[int, int], lost: Sequence[int]) -> None:
-        for q, off in commits.items():
-            if q not in lost:
-                key = (broker, q)
-                self._committed[key] = max(self._committed.get(key, 0), off)
-
-    def _leave(self, name: str, addr: str) -> None:
-        commits = self._pending_commits(name)
+    def _leave(self, sub: Subscription, name: str, addr: str) -> None:
+        commits = sub.pending_commits(name)
         req = wire.GroupHeartbeat(
-            self.topic, self.group, self.client_id, self._lease_ms, [], commits, leave=True
+            sub.topic, self.group, self.client_id, self._lease_ms, [], commits, leave=True
         )
-        self._request(name, addr, wire.BROKER_GROUP_HEARTBEAT, req, wire.GroupState)
+        self._request(sub, name, addr, wire.BROKER_GROUP_HEARTBEAT, req, wire.GroupState)
 
     def _heartbeat_one(
-        self, name: str, addr: str, commits: dict[int, int]
+        self, sub: Subscription, name: str, addr: str, commits: dict[int, int]
     ) -> tuple[wire.GroupState | None, int]:
         """The answer, and our monotonic clock (ns) when it came (for its ``clock_ns``)."""
-        want = sorted(self._target.get(name, set()))
+        want = sorted(sub.target.get(name, set()))
         req = wire.GroupHeartbeat(
-            self.topic, self.group, self.client_id, self._lease_ms, want, commits
+            sub.topic, self.group, self.client_id, self._lease_ms, want, commits
         )
         # a hung broker must not hold up the heartbeats (and pulls) that keep the other
         # brokers' leases alive: wait at most a heartbeat interval
         state = self._request(
+            sub,
             name,
             addr,
             wire.BROKER_GROUP_HEARTBEAT,
@@ -154,32 +160,64 @@ class GroupMember:
         )
         got_ns = time.monotonic_ns()
         if state is not None:
-            self._committed_ok(name, commits, [])
+            sub.committed_ok(name, commits, [])
         return state, got_ns
 
     # --- rebalance ------------------------------------------------------------------
 
-    def _refresh_route(self, force: bool = False) -> None:
-        if not force and self._brokers and time.monotonic() - self._route_at < _ROUTE_TTL:
+    def _refresh_route(self, sub: Subscription, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and (sub.brokers or sub.retry) and now - sub.route_at < _ROUTE_TTL:
             return
         try:
-            route = self._namesrv.get_route(self.topic)
+            route = self._namesrv.get_route(sub.topic)
         except QClientError:
-            if self._brokers:  # keep using the brokers we know
+            if sub.retry:  # not there (yet), or no answer: keep what is known
+                sub.route_at = now
+                sub.brokers.update(self._retry_brokers)
+                return
+            if sub.brokers:  # keep using the brokers we know
                 return
             raise
-        self._brokers = master_addrs(route)
-        self._route_at = time.monotonic()
+        if sub.retry and route.auto_create:  # no broker has it yet
+            brokers: dict[str, str] = {}
+        else:
+            brokers = master_addrs(route)
+        if sub.retry:
+            for name, addr in self._retry_brokers.items():
+                brokers.setdefault(name, addr)
+        sub.brokers = brokers
+        sub.route_at = now
 
     def _rebalance(self) -> None:
-        """Heartbeat every broker, then recompute this member's share."""
-        self._refresh_route()
-        brokers = dict(self._brokers)
-        sent = {name: self._pending_commits(name) for name in brokers}
+        """Heartbeat every broker of every topic, then recompute this member's shares."""
+        subs = [s for s in self._subs if not s.refused]
+        for sub in subs:
+            self._refresh_route(sub)
         futs = {
-            name: self._pool.submit(self._heartbeat_one, name, addr, sent[name])
-            for name, addr in brokers.items()
+            (sub, name): self._pool.submit(
+                self._heartbeat_one, sub, name, addr, sub.pending_commits(name)
+            )
+            for sub in subs
+            for name, addr in dict(sub.brokers).items()
         }
+        changed = False
+        converged = True
+        for sub in subs:
+            mine = {name: f for (s, name), f in futs.items() if s is sub}
+            sub_changed, sub_converged = self._rebalance_topic(sub, mine)
+            changed |= sub_changed
+            converged &= sub_converged
+        if changed:  # claim the new share (and release the old) right away
+            self._next_hb = time.monotonic()
+        else:
+            self._next_hb = time.monotonic() + (self._interval if converged else _CONVERGE_S)
+
+    def _rebalance_topic(
+        self, sub: Subscription, futs: dict[str, Future[tuple[wire.GroupState | None, int]]]
+    ) -> tuple[bool, bool]:
+        """Take one topic's heartbeat answers; returns (share changed, queues held are
+        the share)."""
         members: set[str] = {self.client_id}
         errors: list[QClientError] = []
         for name, fut in futs.items():
@@ -189,55 +227,41 @@ class GroupMember:
                 errors.append(exc)
                 continue
             if state is None:
-                self._counts[name] = 0
-                self._set_owned(name, set())
+                sub.counts[name] = 0
+                sub.set_owned(name, set())
                 continue
             if state.clock_ns:  # small answers: the best samples of the broker's clock
-                self._held.clock(name).add(state.clock_ns, got_ns)
-            self._counts[name] = state.queues
+                sub.held.clock(name).add(state.clock_ns, got_ns)
+            sub.counts[name] = state.queues
             members.update(state.members)
-            self._set_owned(name, set(state.owned))
-        for name in list(self._counts):
-            if name not in brokers:
-                del self._counts[name]
-                self._set_owned(name, set())
+            sub.set_owned(name, set(state.owned))
+        for name in list(sub.counts):
+            if name not in futs:
+                del sub.counts[name]
+                sub.set_owned(name, set())
         refused = [e for e in errors if isinstance(e, AuthError)]
+        if refused and sub.retry:
+            # the account may not read the retry topic: the group reads its topic only
+            log.warning("%s: not reading %s: %s", self.group, sub.topic, refused[0])
+            sub.refused = True
+            for name in list(sub.owned):
+                sub.set_owned(name, set())
+            return False, True
         if refused:  # refused credentials do not change by waiting: say so at once
             raise refused[0]
-        if errors and len(errors) == len(brokers):
-            self._refresh_route(force=True)
+        if errors and len(errors) == len(futs):
+            self._refresh_route(sub, force=True)
         elif errors:
             log.debug("group heartbeat failed on %d broker(s): %s", len(errors), errors[0])
-        self._members = sorted(members)
-        queues = sorted((b, q) for b, n in self._counts.items() for q in range(n))
-        share = allocate_averagely(queues, self._members, self.client_id)
+        sub.members = sorted(members)
+        queues = sorted((b, q) for b, n in sub.counts.items() for q in range(n))
+        share = allocate_averagely(queues, sub.members, self.client_id)
         target: dict[str, set[int]] = {}
         for b, q in share:
             target.setdefault(b, set()).add(q)
-        changed = target != self._target
-        self._target = target
+        changed = target != sub.target
+        sub.target = target
         converged = not changed and all(
-            self._owned.get(b, set()) == target.get(b, set()) for b in self._counts
+            sub.owned.get(b, set()) == target.get(b, set()) for b in sub.counts
         )
-        if changed:  # claim the new share (and release the old) right away
-            self._next_hb = time.monotonic()
-        else:
-            self._next_hb = time.monotonic() + (self._interval if converged else _CONVERGE_S)
-
-    def _set_owned(self, broker: str, owned: set[int]) -> None:
-        for q in self._owned.get(broker, set()) - owned:
-            self._drop(broker, q)
-        if owned:
-            self._owned[broker] = owned
-        else:
-            self._owned.pop(broker, None)
-
-    def _drop(self, broker: str, q: int) -> None:
-        """Forget a queue no longer held: its held (not returned) messages go back, and
-        so do offsets not committed yet -- committing them later could move the group's
-        offset backwards, or past copies a crashed broker fires again."""
-        key = (broker, q)
-        for d in (self._pos, self._delivered, self._ack, self._committed):
-            d.pop(key, None)
-        self._owned.get(broker, set()).discard(q)
-        self._held.drop(broker, q)
+        return changed, converged

@@ -13,7 +13,8 @@ that a step of this host's wall clock moves no release; a window rather than all
 lets the broker's clock be followed when it is stepped or slewed.
 
 Within a queue messages are released out of offset order (a short delay sent after a long
-one fires after it); the offset to commit is the lowest one not returned yet.
+one fires after it); the offset to commit is the lowest one not returned yet, or, once
+all are returned, the pull's next offset (past what a tag filter skipped).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from __future__ import annotations
 import heapq
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from .._models import ReceivedMessage
 from ..protocol import wire
@@ -74,13 +75,21 @@ class HeldMessages:
     :class:`ReceivedMessage` only when released: an answer brings ~20 ms of messages at
     once, and building them all then would hold up the releases due meanwhile."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        convert: Callable[[wire.PulledMessage, str], ReceivedMessage] = from_pulled,
+        clocks: dict[str, ClockOffset] | None = None,
+    ) -> None:
+        """``convert``: a pulled message as the application sees it; ``clocks``: the
+        brokers' clock offsets, when shared with other holders."""
         # (release ns, seq, message, broker)
         self._heap: list[tuple[int, int, wire.PulledMessage, str]] = []
         self._seq = 0
+        self._convert = convert
         self._open: dict[Key, deque[int]] = {}  # fetched offsets, in offset order
         self._returned: dict[Key, set[int]] = {}  # of those, returned out of order
-        self._offsets: dict[str, ClockOffset] = {}
+        self._end: dict[Key, int] = {}  # the pulls' next offset, past skipped messages
+        self._offsets: dict[str, ClockOffset] = {} if clocks is None else clocks
 
     def __len__(self) -> int:
         return len(self._heap)
@@ -91,8 +100,15 @@ class HeldMessages:
             c = self._offsets[broker] = ClockOffset()
         return c
 
-    def add(self, broker: str, messages: Iterable[wire.PulledMessage]) -> None:
-        """Hold ``messages`` of ``broker`` (each queue's in offset order)."""
+    def add(
+        self,
+        broker: str,
+        messages: Iterable[wire.PulledMessage],
+        ends: Mapping[int, int] | None = None,
+    ) -> dict[Key, int]:
+        """Hold ``messages`` of ``broker`` (each queue's in offset order); ``ends``: per
+        queue, the offset after what the pull read (returned or skipped). Returns the
+        offsets that may be committed now: queues with nothing held whose end moved."""
         off = self.clock(broker).ns
         if off is None:  # a broker that sends no clock: trust ours
             off = time.time_ns() - time.monotonic_ns()
@@ -105,6 +121,15 @@ class HeldMessages:
             if dq is None:
                 dq = self._open[key] = deque()
             dq.append(m.offset)
+        commit: dict[Key, int] = {}
+        for q, end in (ends or {}).items():
+            key = (broker, q)
+            if key in self._open:
+                if end > self._end.get(key, 0):
+                    self._end[key] = end
+            else:
+                commit[key] = end
+        return commit
 
     def next_release_ns(self) -> int | None:
         """Our monotonic clock (ns) when the earliest held message is due; None if none
@@ -117,12 +142,12 @@ class HeldMessages:
         """Up to ``limit`` messages due by ``now_ns`` (our monotonic clock), earliest first, and per
         queue they came from the offset that may now be committed."""
         now = time.monotonic_ns() if now_ns is None else now_ns
-        heap, pop = self._heap, heapq.heappop
+        heap, pop, convert = self._heap, heapq.heappop, self._convert
         out: list[ReceivedMessage] = []
         commit: dict[Key, int] = {}
         while heap and heap[0][0] <= now and len(out) < limit:
             _at, _seq, m, broker = pop(heap)
-            out.append(from_pulled(m, broker))
+            out.append(convert(m, broker))
             key = (broker, m.queue_id)
             dq = self._open[key]
             if dq[0] != m.offset:  # an earlier offset is still held
@@ -135,11 +160,12 @@ class HeldMessages:
                 last = dq.popleft()
                 ret.discard(last)
             # the lowest offset not returned yet; all returned: the one after them
-            commit[key] = dq[0] if dq else last + 1
+            commit[key] = dq[0] if dq else max(last + 1, self._end.get(key, 0))
         for key in commit:
             if not self._open[key]:
                 del self._open[key]
                 self._returned.pop(key, None)
+                self._end.pop(key, None)
         return out, commit
 
     def drop(self, broker: str, queue_id: int) -> None:
@@ -147,6 +173,7 @@ class HeldMessages:
         key = (broker, queue_id)
         self._open.pop(key, None)
         self._returned.pop(key, None)
+        self._end.pop(key, None)
         kept = [e for e in self._heap if (e[3], e[2].queue_id) != key]
         if len(kept) != len(self._heap):
             heapq.heapify(kept)
