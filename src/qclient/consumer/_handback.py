@@ -45,7 +45,7 @@ class HandBack(GroupMember):
     def _note_returned(self, out: list[ReceivedMessage]) -> None:
         returned = self._returned
         for m in out:
-            returned[(m.broker_name, m.queue_id, m.offset, m.msg_id, m.attempt)] = False
+            returned[(id(m), m.broker_name, m.queue_id, m.offset, m.msg_id, m.attempt)] = False
         while len(returned) > _TRACKED:
             returned.popitem(last=False)
 
@@ -99,8 +99,14 @@ class HandBack(GroupMember):
             raise InvalidMessageError(
                 f"expected a ReceivedMessage from this consumer, got {type(message).__name__}"
             )
-        key = (message.broker_name, message.queue_id, message.offset, message.msg_id)
-        full = (*key, message.attempt)
+        full = (
+            id(message),
+            message.broker_name,
+            message.queue_id,
+            message.offset,
+            message.msg_id,
+            message.attempt,
+        )
         state = self._returned.get(full)
         if state is None:
             raise InvalidMessageError(
