@@ -22,6 +22,7 @@ from typing import Any
 
 import msgspec
 import pytest
+from benchmarks._rocketmq_java import java_peer_available, run_consume
 
 from qclient import Message, Producer, ReceivedMessage
 from qclient.consumer._failures import (
@@ -353,6 +354,32 @@ def test_rocketmq_send_back_is_read_as_a_retry(cluster: RocketMQCluster) -> None
         [(again, _)] = _poll_until(c, lambda ms: len(ms) >= 1, 30)
     assert again.attempt == 2 and again.extra["store_topic"] == retry_topic(group)
     _looks_like_the_original(again, topic, mid)
+
+
+@live
+@pytest.mark.skipif(java_peer_available() is not None, reason=str(java_peer_available()))
+def test_java_consumer_reads_our_retry_and_dead_letter(cluster: RocketMQCluster) -> None:
+    """RocketMQ's Java client (DefaultLitePullConsumer, another group) reads our retry on
+    ``%RETRY%<group>`` as RocketMQ's own (reconsume times 1, ``RETRY_TOPIC``) and our dead
+    letter on ``%DLQ%<group>`` with its properties."""
+    topic, group = _topic(cluster), name("g")
+    with Producer(cluster.namesrv, send_timeout=10) as p:
+        ids = [p.send(topic, f"m{i}", tags="TagA").msg_id for i in range(2)]
+    with _consumer(cluster, topic, group) as c:
+        got = {m.msg_id: m for m, _ in _poll_until(c, lambda ms: len(ms) >= 2, 30)}
+        c.retry_later(got[ids[0]], 0.2)
+        c.dead_letter(got[ids[1]], "bad")
+    [retry] = run_consume(cluster.namesrv_addr, retry_topic(group), name("jr"), 1, timeout_s=60)
+    [dead] = run_consume(cluster.namesrv_addr, dlq_topic(group), name("jd"), 1, timeout_s=60)
+    assert (retry["uniqKey"], retry["reconsumeTimes"], retry["tags"]) == (ids[0], 1, "TagA")
+    assert retry["properties"]["RETRY_TOPIC"] == topic
+    assert (dead["uniqKey"], dead["topic"]) == (ids[1], dlq_topic(group))
+    props = dead["properties"]
+    assert (props[PROP_ORIGIN_TOPIC], props[PROP_ORIGIN_MSG_ID], props[PROP_REASON]) == (
+        topic,
+        ids[1],
+        "bad",
+    )
 
 
 # --- tags ----------------------------------------------------------------------------------
