@@ -18,7 +18,7 @@ from typing import Any, NoReturn
 
 import qclient
 
-from . import _cli_lifecycle, _logging
+from . import _cli_dlq, _cli_lifecycle, _logging
 from ._cli_args import CliError, key_value, parse_datetime, parse_duration
 from ._cli_servers import cmd_broker, cmd_demo, cmd_dev, cmd_namesrv
 from ._config import (
@@ -373,6 +373,7 @@ def build_parser() -> argparse.ArgumentParser:
     _cli_lifecycle.add_commands(
         sub, _add_auth, _credentials, parse_duration, parse_datetime, CliError
     )
+    _cli_dlq.add_commands(sub, _add_auth, _credentials, parse_duration, CliError)
     _add_client_logging(sub)
     return parser
 

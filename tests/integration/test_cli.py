@@ -89,6 +89,43 @@ def test_dev_send_route_topic_consume(dev_cluster):
     assert got["fired_at_ms"] >= sent["deliver_at_ms"] - wire.DEFAULT_FIRE_AHEAD_MS
 
 
+def test_dlq_resend_puts_dead_letters_back_on_their_topics(dev_cluster):
+    from qclient import Consumer, Producer
+
+    _proc, namesrv = dev_cluster
+    assert run("topic", "create", "--namesrv", namesrv, "--queues", "2", "cli-dlq").returncode == 0
+    with Producer(namesrv) as p:
+        sent = {p.send("cli-dlq", f"m{i}", key=f"k{i}", tags="T", properties={"i": str(i)}).msg_id
+                for i in range(2)}  # fmt: skip
+    with Consumer(namesrv, "cli-dlq", "cli-g") as c:
+        dead = 0
+        deadline = time.monotonic() + 20
+        while dead < 2 and time.monotonic() < deadline:
+            for m in c.poll(8, timeout=0.5):
+                c.dead_letter(m, "cannot parse")
+                dead += 1
+    assert dead == 2
+    resent = []
+    for args, n in ((("--max", "1"), 1), ((), 1), ((), 0)):  # a third run finds nothing new
+        r = run("dlq", "resend", "--namesrv", namesrv, "--group", "cli-g", "--timeout", "3", *args)
+        assert r.returncode == 0, r.stderr
+        lines = [json.loads(ln) for ln in r.stdout.splitlines()]
+        assert lines[-1] == {"resent": n, "skipped": 0}
+        resent += lines[:-1]
+    assert {ln["origin_msg_id"] for ln in resent} == sent
+    assert {ln["topic"] for ln in resent} == {"cli-dlq"}
+    back = []
+    with Consumer(namesrv, "cli-dlq", "cli-g") as c:  # the group gets them again
+        deadline = time.monotonic() + 20
+        while len(back) < 2 and time.monotonic() < deadline:
+            back += c.poll(8, timeout=0.5)
+    assert sorted(m.body for m in back) == [b"m0", b"m1"]
+    assert {m.msg_id for m in back} == {ln["msg_id"] for ln in resent}
+    for m in back:  # as sent: the dead-letter properties are gone
+        i = m.body.decode()[1:]
+        assert (m.key, m.tags, m.properties) == (f"k{i}", "T", {"i": i})
+
+
 def test_dev_stops_its_children_on_sigterm():
     proc = subprocess.Popen(
         [*QCLIENT, "dev", "--brokers", "1", "--port", "0"],
