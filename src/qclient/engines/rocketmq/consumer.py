@@ -256,6 +256,7 @@ class RocketMQConsumer:
         error when no broker stored the retry: the message then counts as not processed
         (its offset is not committed) until a later ``retry_later`` / ``dead_letter`` of
         it succeeds."""
+        self._check(message)
         policy = self.policy
         seconds = policy.delay_after(message.attempt, delay)
         if policy.dead_letters(message.attempt):
@@ -284,6 +285,7 @@ class RocketMQConsumer:
         body, key, tags and properties, plus ``DLQ_ORIGIN_TOPIC``,
         ``DLQ_ORIGIN_MESSAGE_ID``, the attempts and ``reason``; returns once a broker stored
         it, and the message then counts as processed. Errors as :meth:`retry_later`."""
+        self._check(message)
         if not isinstance(reason, str):
             raise ValueError(f"reason must be a string, got {type(reason).__name__}")
         now = time.time_ns() // 1_000_000
@@ -301,11 +303,13 @@ class RocketMQConsumer:
 
         self._send_back(message, build, "dead_lettered")
 
+    def _check(self, m: ReceivedMessage) -> None:
+        if not isinstance(m, ReceivedMessage) or m.topic != self.topic:
+            raise ValueError(f"not a message of this consumer's topic {self.topic!r}: {m!r}")
+
     def _send_back(
         self, m: ReceivedMessage, build: Callable[[SendTarget], RemotingCommand], counter: str
     ) -> None:
-        if not isinstance(m, ReceivedMessage) or m.topic != self.topic:
-            raise ValueError(f"not a message of this consumer's topic {self.topic!r}: {m!r}")
         store_topic = str(m.extra.get("store_topic") or m.topic)
         state = self._retry_state if store_topic == self._retry_topic else self._state
         where = (store_topic, (m.broker_name, m.queue_id), m.offset)
