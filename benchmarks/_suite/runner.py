@@ -71,6 +71,15 @@ SCENARIOS: list[Scenario] = [
     Scenario("consume_bench", "benchmarks.consume_bench", 900),  # 3 interleaved rounds per rate
     Scenario("rebalance_bench", "benchmarks.rebalance_bench", 600),
     Scenario("engines_bench", "benchmarks.engines_bench", 900, smoke_timeout_s=120),
+    Scenario("retry_bench", "benchmarks.retry_bench", 180),
+    # the same on RocketMQ's JVMs: in make bench only (make test smoke-runs the qclient one)
+    Scenario(
+        "retry_bench_rocketmq",
+        "benchmarks.retry_bench",
+        300,
+        args=("--engine", "rocketmq"),
+        smoke=False,
+    ),
     Scenario("peers", "benchmarks.peers", 1200, smoke_timeout_s=120),
 ]
 
