@@ -3,7 +3,9 @@
 Counts change with the events that change what is scheduled -- a schedule entry replayed
 (a new message, +1 at its deliver time; a cancel, -1; a reschedule, both) and a message
 fired (-1) -- so a scrape never scans the messages: it sums per-minute totals and, for
-the minute a bound falls in, that minute's per-second counts. At open the store counts
+the minute a bound falls in, that minute's per-second counts -- only for the minutes up
+to the last bound (the minutes are kept sorted; all further ones are in one total). At
+open the store counts
 what recovery left scheduled once (:func:`count_at_open`) and the events follow from
 there. Resolution is one second: a message due in second ``S`` is "due within ``x``
 seconds" when ``S <= now's second + x``; overdue messages count in every bound.
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import threading
 from array import array
-from bisect import bisect_left
+from bisect import bisect_left, insort
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
@@ -40,6 +42,8 @@ class DueCounts:
         self._lock = threading.Lock()
         self._seconds: dict[int, array[int]] = {}  # minute -> its 60 seconds' counts
         self._totals: dict[int, int] = {}  # minute -> the sum of its seconds
+        self._minutes: list[int] = []  # the minutes with counts, sorted
+        self._all = 0  # every count
 
     def add(self, deliver_ats: Sequence[int], sign: int = 1) -> None:
         """``sign`` (+1 or -1) for each deliver time (epoch ms) of ``deliver_ats``."""
@@ -64,11 +68,14 @@ class DueCounts:
         arr = self._seconds.get(minute)
         if arr is None:
             arr = self._seconds[minute] = array("q", _ZERO_MINUTE)
+            insort(self._minutes, minute)
         arr[i] += n
+        self._all += n
         total = self._totals.get(minute, 0) + n
         if total == 0 and not any(arr):
             del self._seconds[minute]
             self._totals.pop(minute, None)
+            del self._minutes[bisect_left(self._minutes, minute)]
         else:
             self._totals[minute] = total
 
@@ -81,7 +88,14 @@ class DueCounts:
         inc = [0] * (n + 1)  # whole minutes, by the first bound that takes them in
         partial = [0] * n  # minutes a bound cuts: their seconds up to it, for that bound
         with self._lock:
-            for minute, total in self._totals.items():
+            minutes = self._minutes
+            # minutes past the last bound count only in the total: not looked at
+            stop = bisect_left(minutes, limits[-1] // 60 + 1) if limits else 0
+            totals = self._totals
+            everything = self._all
+            for idx in range(stop):
+                minute = minutes[idx]
+                total = totals[minute]
                 first = minute * 60
                 j = bisect_left(limits, first + 59)  # the first bound past the minute
                 inc[j] += total
@@ -91,9 +105,10 @@ class DueCounts:
                     k -= 1
         out = []
         running = 0
-        for j in range(n + 1):
+        for j in range(n):
             running += inc[j]
-            out.append(max(0, running + (partial[j] if j < n else 0)))
+            out.append(max(0, running + partial[j]))
+        out.append(max(0, everything))
         return out
 
 
