@@ -176,7 +176,7 @@ class GroupMember:
         except QClientError:
             if sub.retry:  # not there (yet), or no answer: keep what is known
                 sub.route_at = now
-                sub.brokers.update(self._retry_brokers)
+                sub.brokers.update(dict(self._retry_brokers))  # (a hand-back may add one)
                 return
             if sub.brokers:  # keep using the brokers we know
                 return
@@ -186,7 +186,7 @@ class GroupMember:
         else:
             brokers = master_addrs(route)
         if sub.retry:
-            for name, addr in self._retry_brokers.items():
+            for name, addr in dict(self._retry_brokers).items():
                 brokers.setdefault(name, addr)
         sub.brokers = brokers
         sub.route_at = now

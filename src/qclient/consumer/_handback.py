@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 
 #: messages remembered as returned by poll(), so that a hand-back can be checked
 _TRACKED = 1 << 16
+#: a delay no broker takes (and no wire int holds in ms): refused before sending
+_MAX_DELAY_S = 2.0**53 / 1000
 
 _Key = DeliveryKey
 
@@ -72,6 +74,8 @@ class HandBack(GroupMember):
             seconds = self.policy.delay_after(message.attempt, delay)
         except ValueError as exc:
             raise InvalidMessageError(str(exc)) from None
+        if seconds > _MAX_DELAY_S:  # (beyond any broker's limit; it answers for smaller)
+            raise InvalidMessageError(f"delay {seconds:g} s is too long")
         copy = retry_copy(message, self.group, seconds)
         name = self._send_back(key, copy, message.broker_name, retry=True)
         addr = self._addr_of(name)
