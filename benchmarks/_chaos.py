@@ -187,6 +187,8 @@ class Band:
     t0: float
     t1: float = -1.0
     recovery_s: float | None = None  # time the restart took (until it served again)
+    #: what the engine's state was as it began (RocketMQ: the group's master, in-sync set)
+    info: dict[str, Any] = field(default_factory=dict)
 
 
 #: the nemesis' actions and their weights: broker faults dominate, as in production
