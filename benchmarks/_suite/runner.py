@@ -80,6 +80,8 @@ SCENARIOS: list[Scenario] = [
         args=("--engine", "rocketmq"),
         smoke=False,
     ),
+    # qclient's producer vs RocketMQ's Java producer: ~6 min, longer on a loaded host
+    Scenario("java_producer_bench", "benchmarks.java_producer_bench", 900, smoke_timeout_s=150),
     Scenario("peers", "benchmarks.peers", 1200, smoke_timeout_s=120),
 ]
 
