@@ -310,6 +310,19 @@ def write_report(results: Mapping[str, Any], out_dir: Path) -> Path:
             engines_table(engines["side_by_side"]),
             "",
         ]
+    jpb = scen.get("java_producer_bench", {}).get("result") or {}
+    if jpb.get("side_by_side"):
+        md += [
+            "## qclient's producer and RocketMQ's Java producer",
+            "",
+            "The same RocketMQ 5.5.0 brokers in one run (java_producer_bench): one-call, 64 "
+            "threads and async in alternating rounds (the median round); under faults qclient, "
+            "Java's defaults and Java with sendLatencyFaultEnable send together through a SIGSTOP "
+            "and a kill -9 of a master of a replicated cluster.",
+            "",
+            engines_table(jpb["side_by_side"]),
+            "",
+        ]
     tt = targets_table(results)
     md += ["## Targets", "", tt or "No scenario reported `targets` in this run.", ""]
     md += ["## Plots", ""]
