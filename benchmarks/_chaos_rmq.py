@@ -59,7 +59,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     t_start = time.monotonic()
     cluster = cast(
         RocketMQCluster,
-        LocalCluster(engine="rocketmq", brokers=2, replicas=2, startup_timeout=STARTUP_S),
+        LocalCluster(
+            engine="rocketmq",
+            brokers=2,
+            replicas=2,
+            data_dir=args.data_dir,
+            startup_timeout=STARTUP_S,
+        ),
     )
     with cluster:
         cluster.wait_in_sync(STARTUP_S)

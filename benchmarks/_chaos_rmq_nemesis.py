@@ -6,8 +6,10 @@ masters and slaves and restarts the NameServer.
 The nemesis' rules: at most ``MAX_NODES_DOWN`` broker JVMs under a fault at once (so both
 replicas of both groups are never down together) and at most one fault open on a group's
 master (a second master fault while the first group is without a master would leave no
-group to write to whenever a slave is out of sync, which RocketMQ never elects); one
-NameServer fault at a time, and the next only once every group is routed again. Each
+group to write to whenever a slave is out of sync, which RocketMQ never elects); a
+restarted or resumed JVM counts as under its fault until it is in its SyncStateSet again
+(within ``IN_SYNC_WAIT_S``); one NameServer fault at a time, and the next only once every
+group is routed again. Each
 fault runs on its own thread: a clean stop and a restart take seconds (RocketMQ's
 shutdown hooks, a broker's registration), and the schedule goes on meanwhile.
 """
@@ -53,6 +55,9 @@ OPENING = [
 #: a restarted JVM's deadline to serve (a broker: routed by the NameServer; one started
 #: while the NameServer is down waits for it, then registers within 30 s)
 START_TIMEOUT_S = 150.0
+#: how long a restarted or resumed broker JVM may take to be in its SyncStateSet again
+#: before the nemesis counts it as healthy anyway
+IN_SYNC_WAIT_S = 60.0
 #: how long a NameServer fault stays open after the restart, waiting for every group's
 #: route (brokers register every 30 s by default)
 ROUTES_BACK_S = 60.0
@@ -273,7 +278,7 @@ class RmqNemesis(threading.Thread):
             self.events.append((t0, f"{kind} {target}"))
         return band
 
-    def _end(self, band: Band, undo: Callable[[], None], target: str) -> None:
+    def _end(self, band: Band, undo: Callable[[], None]) -> None:
         t = time.monotonic()
         try:
             undo()
@@ -283,8 +288,6 @@ class RmqNemesis(threading.Thread):
         band.t1 = self.clock()
         with self._lock:
             self.events.append((band.t1, f"{band.target} back"))
-            if target != "namesrv":
-                self._faulty.pop(target, None)
 
     def _broker_fault(self, kind: str, role: str, node: JvmNode) -> None:
         band = self._begin(f"{kind}_{role}", node.name, node.group)
@@ -294,9 +297,20 @@ class RmqNemesis(threading.Thread):
         action()  # a clean stop takes a while: the fault began with it
         self._halt.wait(self.rng.uniform(*HOLD_S[kind]))
         if kind == "pause":
-            self._end(band, node.resume, node.name)
+            self._end(band, node.resume)
         else:
-            self._end(band, lambda: node.start(timeout=START_TIMEOUT_S), node.name)
+            self._end(band, lambda: node.start(timeout=START_TIMEOUT_S))
+        # the node counts as under a fault until it is in its SyncStateSet again (bounded):
+        # a fault on its group's other replica meanwhile would find no electable slave
+        deadline = time.monotonic() + IN_SYNC_WAIT_S
+        while time.monotonic() < deadline and not self._halt.is_set():
+            _, in_sync = self.cluster.sync_state().get(node.group, (None, set()))
+            if node.addr in in_sync:
+                band.info["in_sync_after_s"] = round(self.clock() - band.t1, 2)
+                break
+            time.sleep(0.2)
+        with self._lock:
+            self._faulty.pop(node.name, None)
 
     def _namesrv(self) -> bool:
         with self._lock:
@@ -322,7 +336,7 @@ class RmqNemesis(threading.Thread):
         else:
             ns.stop()
         self._halt.wait(self.rng.uniform(*HOLD_S["namesrv"]))
-        self._end(band, lambda: ns.start(timeout=START_TIMEOUT_S), "namesrv")
+        self._end(band, lambda: ns.start(timeout=START_TIMEOUT_S))
         # open until the brokers registered again (bounded): the next outage waits for it
         deadline = time.monotonic() + ROUTES_BACK_S
         while time.monotonic() < deadline and not self._halt.is_set():

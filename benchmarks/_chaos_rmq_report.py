@@ -58,6 +58,33 @@ def _causes(mid: str, copies: list[Copy], ledger: Ledger) -> tuple[Counter[str],
     return +out, missing
 
 
+def refired_by_fault(
+    by_id: dict[str, dict[tuple[str, int, int], Copy]], bands: list[Band], ledger: Ledger
+) -> dict[str, int]:
+    """The refired copies by the faults on their group that began between the first fire
+    and the last (give or take a second): what made the timer fire them again."""
+    wall0 = ledger.clock.wall_ms(0)
+    out: Counter[str] = Counter()
+    for copies in by_id.values():
+        attempts: dict[tuple[str, int], list[int]] = defaultdict(list)
+        for c in copies.values():
+            attempts[(c.group, c.born_ms)].append(c.fired_ms)
+        for (group, _born), fired in attempts.items():
+            if len(fired) < 2:
+                continue
+            t0, t1 = (min(fired) - wall0) / 1000, (max(fired) - wall0) / 1000
+            kinds = sorted(
+                {
+                    b.kind
+                    for b in bands
+                    if t0 - 1 <= b.t0 <= t1 + 1
+                    and (b.target.startswith(group) or b.target == "namesrv")
+                }
+            )
+            out["+".join(kinds) or "no fault began then"] += len(fired) - 1
+    return dict(out)
+
+
 def _group_faults(bands: list[Band], group: str, t0: float, t1: float) -> list[str]:
     """The faults on ``group``'s JVMs or the NameServer that overlap ``[t0, t1]``."""
     out = []
@@ -271,6 +298,7 @@ def analyse(
         "duplicates_pct": pct(dups),
         "duplicates_by_cause": dict(causes),
         "duplicates_by_cause_pct": {k: pct(v) for k, v in causes.items()},
+        "refired_by_fault": refired_by_fault(by_id, bands, ledger),
         "duplicates_goal": goal,
         "duplicates_goal_pct": pct(goal),
         "duplicates_goal_leaves_out": list(BY_DESIGN),

@@ -169,6 +169,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument("--grace", type=float, default=20.0, help="s to wait for the last ones")
     ap.add_argument("--plot", type=Path, help="also draw the timeline PNG here")
+    ap.add_argument(
+        "--data-dir",
+        type=Path,
+        help="rocketmq: keep the JVMs' stores and logs here (default: a temporary dir, "
+        "removed at the end)",
+    )
     args = ap.parse_args(argv)
     if args.long_max is None:
         args.long_max = LONG_MAX[args.engine]

@@ -104,7 +104,7 @@ def test_chaos_soak_loses_nothing_and_stops_everything(engine: str, tmp_path: Pa
         # a fresh group received every stored message, and every copy is counted
         assert res["acked_not_received_by_audit_consumer"] == 0, res["not_received_ids_sample"]
         assert sum(res["duplicates_by_cause"].values()) == res["duplicates"]
-        # a master and a slave were hit
+        # a master and a slave were hit, and the NameServer restarted
         roles = {k.rsplit("_", 1)[-1] for k in faults if k != "namesrv"}
-        assert roles == {"master", "slave"}, faults
+        assert roles == {"master", "slave"} and "namesrv" in faults, faults
     assert (tmp_path / "chaos.png").stat().st_size > 10_000
