@@ -32,6 +32,7 @@ ratios less so. Without java, the RocketMQ jars or the Java peer jar the run is 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -40,7 +41,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,7 @@ from benchmarks._engines_work import QUEUES
 from benchmarks._producer_faults import CLIENTS, FaultPlan, run_fault
 from benchmarks._rocketmq_java import JavaProducers, java_peer_available
 from benchmarks._suite import report
+from benchmarks._suite.values import fmt
 from benchmarks.engines_bench import rocketmq_missing
 from benchmarks.one_call_bench import BODY, DELAY_S, TOPIC, many_threads, one_thread
 from benchmarks.producer_bench import measure
@@ -140,58 +142,54 @@ def async_rate(p: Producer, n: int, seconds: float) -> dict[str, Any]:
     return {**r, "client_cpu_us_per_call": r["cpu_us_per_msg"], "errors": failed}
 
 
-def run_perf(jp: JavaProducers, a: argparse.Namespace) -> dict[str, Any]:
-    """One-call, 64 threads and async on a plain cluster of ``a.brokers`` masters (what
-    ``LocalCluster(brokers=..., engine="rocketmq")`` makes)."""
-    res: dict[str, Any] = {"brokers": a.brokers}
-    t0 = time.monotonic()
-    with RocketMQCluster(brokers=a.brokers) as cluster:
-        res["cluster_start_s"] = round(time.monotonic() - t0, 1)
-        cluster.create_topic(TOPIC, QUEUES)
-        res["java_settings"] = jp.open(JAVA, cluster.namesrv_addr)
-        secs = int(a.seconds)
-        one_ms = int(a.one_call_delay_s * 1000)
-        with Producer(cluster.namesrv) as p:
+def run_perf(jp: JavaProducers, cluster: RocketMQCluster, a: argparse.Namespace) -> dict[str, Any]:
+    """One-call, 64 threads and async on ``cluster``."""
+    res: dict[str, Any] = {"brokers": len(cluster.replicas)}
+    cluster.create_topic(TOPIC, QUEUES)
+    res["java_settings"] = jp.open(JAVA, cluster.namesrv_addr)
+    secs = int(a.seconds)
+    one_ms = int(a.one_call_delay_s * 1000)
+    with Producer(cluster.namesrv) as p:
 
-            def q_one() -> dict[str, Any]:
-                return one_thread(
-                    p,
-                    a.calls,
-                    secs,
-                    lambda p: p.send_delayed(TOPIC, BODY, delay=a.one_call_delay_s),
-                )
+        def q_one() -> dict[str, Any]:
+            return one_thread(
+                p,
+                a.calls,
+                secs,
+                lambda p: p.send_delayed(TOPIC, BODY, delay=a.one_call_delay_s),
+            )
 
-            def j_one() -> dict[str, Any]:
-                s = jp.run(JAVA, TOPIC, "one-call", count=a.calls, delay_ms=one_ms, warmup=50,
-                           duration_s=secs)  # fmt: skip
-                return _java_row(s)
+        def j_one() -> dict[str, Any]:
+            s = jp.run(JAVA, TOPIC, "one-call", count=a.calls, delay_ms=one_ms, warmup=50,
+                       duration_s=secs)  # fmt: skip
+            return _java_row(s)
 
-            def q_threads() -> dict[str, Any]:
-                try:
-                    return many_threads(p, 64, a.threads_calls, secs)
-                except RuntimeError as exc:  # a send failed: the round has no rate
-                    return {"errors": str(exc)}
+        def q_threads() -> dict[str, Any]:
+            try:
+                return many_threads(p, 64, a.threads_calls, secs)
+            except RuntimeError as exc:  # a send failed: the round has no rate
+                return {"errors": str(exc)}
 
-            def j_threads() -> dict[str, Any]:
-                s = jp.run(JAVA, TOPIC, "threads", threads=64, count=a.threads_calls,
-                           delay_ms=int(DELAY_S * 1000), warmup=0, duration_s=secs)  # fmt: skip
-                return _java_row(s)
+        def j_threads() -> dict[str, Any]:
+            s = jp.run(JAVA, TOPIC, "threads", threads=64, count=a.threads_calls,
+                       delay_ms=int(DELAY_S * 1000), warmup=0, duration_s=secs)  # fmt: skip
+            return _java_row(s)
 
-            def q_async() -> dict[str, Any]:
-                return async_rate(p, a.bulk, secs)
+        def q_async() -> dict[str, Any]:
+            return async_rate(p, a.bulk, secs)
 
-            def j_async() -> dict[str, Any]:
-                s = jp.run(JAVA, TOPIC, "async", count=a.bulk, inflight=a.inflight,
-                           delay_ms=int(DELAY_S * 1000), warmup=0, duration_s=secs)  # fmt: skip
-                return _java_row(s)
+        def j_async() -> dict[str, Any]:
+            s = jp.run(JAVA, TOPIC, "async", count=a.bulk, inflight=a.inflight,
+                       delay_ms=int(DELAY_S * 1000), warmup=0, duration_s=secs)  # fmt: skip
+            return _java_row(s)
 
-            for _ in range(a.warmup_rounds):  # a new JVM compiles its send path first
-                for fn in (q_one, j_one, q_threads, j_threads, q_async, j_async):
-                    fn()
-            one = _alternate("one-call", a.rounds, q_one, j_one)
-            thr = _alternate("64 threads", a.bulk_rounds, q_threads, j_threads)
-            asy = _alternate("async", a.bulk_rounds, q_async, j_async)
-        jp.close(JAVA)
+        for _ in range(a.warmup_rounds):  # a new JVM compiles its send path first
+            for fn in (q_one, j_one, q_threads, j_threads, q_async, j_async):
+                fn()
+        one = _alternate("one-call", a.rounds, q_one, j_one)
+        thr = _alternate("64 threads", a.bulk_rounds, q_threads, j_threads)
+        asy = _alternate("async", a.bulk_rounds, q_async, j_async)
+    jp.close(JAVA)
     keys = ("p50_ms", "p99_ms", "msgs_per_s", "client_cpu_us_per_call", "errors")
     res["one_call"] = _summarize(one, keys)
     res["one_call"]["p50_ratio"] = _ratio(one, "p50_ms")
@@ -206,7 +204,9 @@ def run_perf(jp: JavaProducers, a: argparse.Namespace) -> dict[str, Any]:
     return res
 
 
-def run_faults(jp: JavaProducers, a: argparse.Namespace) -> dict[str, Any]:
+def run_faults(
+    jp: JavaProducers, cluster: RocketMQCluster, a: argparse.Namespace
+) -> dict[str, Any]:
     """SIGSTOP, then (healed) kill -9 of broker-a's master with every client sending."""
     plan = FaultPlan(
         threads=a.fault_threads,
@@ -217,15 +217,20 @@ def run_faults(jp: JavaProducers, a: argparse.Namespace) -> dict[str, Any]:
         warmup=a.fault_warmup,
     )
     res: dict[str, Any] = {"plan": {k: getattr(plan, k) for k in plan.__slots__}}
-    t0 = time.monotonic()
-    with (
-        RocketMQCluster(brokers=2, replicas=a.replicas, startup_timeout=180) as cluster,
-        tempfile.TemporaryDirectory(prefix="qclient-jpb-") as work,
-    ):
-        res["cluster_start_s"] = round(time.monotonic() - t0, 1)
+    with tempfile.TemporaryDirectory(prefix="qclient-jpb-") as work:
         for kind in a.faults.split(","):
             res[kind] = run_fault(cluster, jp, kind, plan, Path(work))
     return res
+
+
+@contextlib.contextmanager
+def _cluster(out: dict[str, Any], label: str, **kw: Any) -> Iterator[RocketMQCluster]:
+    """A RocketMQ cluster (what ``LocalCluster(engine="rocketmq", ...)`` makes), its start
+    time in ``out[label + "_start_s"]``; stopped on leaving."""
+    t0 = time.monotonic()
+    with RocketMQCluster(startup_timeout=180, **kw) as cluster:
+        out[f"{label}_start_s"] = round(time.monotonic() - t0, 1)
+        yield cluster
 
 
 def goals(out: dict[str, Any]) -> list[dict[str, Any]]:
@@ -319,7 +324,8 @@ def side_by_side(out: dict[str, Any]) -> list[dict[str, Any]]:
     ]:
         if phase in perf:
             p = perf[phase]
-            rows.append({"name": label, "qclient": p["qclient"][key], "java": p["java"][key]})
+            q, j = p["qclient"][key], p["java"][key]
+            rows.append({"name": label, "qclient": q, "java": j, "java_lfe": None})
     for kind in ("stop", "kill"):
         f = (out.get("faults") or {}).get(kind)
         if not f:
@@ -336,7 +342,7 @@ def side_by_side(out: dict[str, Any]) -> list[dict[str, Any]]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", action="store_true", help="print one JSON object last")
-    ap.add_argument("--smoke", action="store_true", help="tiny N, one broker, a 1 s SIGSTOP")
+    ap.add_argument("--smoke", action="store_true", help="tiny N, one cluster, a 1 s SIGSTOP")
     ap.add_argument("--phases", default="perf,faults", help="perf and/or faults")
     ap.add_argument("--brokers", type=int, default=2, help="masters of the perf cluster")
     ap.add_argument("--rounds", type=int, default=4, help="alternating one-call rounds")
@@ -358,7 +364,7 @@ def main() -> None:
     ap.add_argument("--fault-warmup", type=int, default=200, help="warm-up sends per client")
     a = ap.parse_args()
     if a.smoke:
-        a.brokers, a.rounds, a.bulk_rounds, a.warmup_rounds = 1, 1, 1, 0
+        a.rounds, a.bulk_rounds, a.warmup_rounds = 1, 1, 0
         a.calls, a.threads_calls, a.bulk, a.seconds = 100, 320, 512, 3.0
         a.faults, a.replicas, a.fault_threads, a.fault_rate = "stop", 1, 4, 100
         a.fault_duration_s, a.fault_at_s, a.pause_s, a.fault_warmup = 3, 1.0, 1.0, 20
@@ -375,10 +381,17 @@ def main() -> None:
     phases = a.phases.split(",")
     out["loadavg_1m_start"] = round(os.getloadavg()[0], 1)
     with JavaProducers() as jp:
-        if "perf" in phases:
-            out["perf"] = run_perf(jp, a)
-        if "faults" in phases:
-            out["faults"] = run_faults(jp, a)
+        if a.smoke:  # one cluster of two lone masters for both, to save a start
+            with _cluster(out, "cluster", brokers=2) as cluster:
+                out["perf"] = run_perf(jp, cluster, a)
+                out["faults"] = run_faults(jp, cluster, a)
+        if "perf" in phases and not a.smoke:
+            with _cluster(out, "perf_cluster", brokers=a.brokers) as cluster:
+                out["perf"] = run_perf(jp, cluster, a)
+        if "faults" in phases and not a.smoke:
+            # a start takes a minute and more on a busy host: five JVMs, replicas in sync
+            with _cluster(out, "faults_cluster", brokers=2, replicas=a.replicas) as cluster:
+                out["faults"] = run_faults(jp, cluster, a)
     out["loadavg_1m_end"] = round(os.getloadavg()[0], 1)
     out["targets"] = goals(out)
     out["side_by_side"] = side_by_side(out)
@@ -403,7 +416,7 @@ def main() -> None:
     width = max((len(r["name"]) for r in rows), default=10) + 2
     print(f"{'':{width}}" + "".join(f"{c:>22}" for c in CLIENTS))
     for r in rows:
-        print(f"{r['name']:{width}}" + "".join(f"{r.get(c, '')!s:>22}" for c in CLIENTS))
+        print(f"{r['name']:{width}}" + "".join(f"{fmt(r.get(c)):>22}" for c in CLIENTS))
     for t in out["targets"]:
         verdict = "PASS" if t["met"] else "FAIL"
         print(f"{verdict}  {t['name']}: {t['value']} (goal {t['target']}; Java {t['floor']})")
