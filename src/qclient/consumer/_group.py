@@ -50,10 +50,11 @@ _ROUTE_TTL = 5.0  # seconds between route look-ups while polling
 _CONVERGE_S = 0.1  # heartbeat this often while the queues held differ from the share
 
 T = TypeVar("T")
-#: one delivery of one message as poll() returned it: (the object's id, broker, queue id,
-#: offset, msg id, attempt); the object's own id, so that another consumer's copy of
-#: the same delivery is not taken for this one's
-DeliveryKey = tuple[int, str, int, int, str, int]
+#: one delivery of one message as poll() returned it: the hash of (the object's id,
+#: broker, queue id, offset, msg id, attempt) -- the object's own id, so that another
+#: consumer's copy of the same delivery is not taken for this one's; a hash, not the
+#: tuple, as tens of thousands are kept
+DeliveryKey = int
 
 
 def _client_id() -> str:

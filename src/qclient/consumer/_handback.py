@@ -41,13 +41,17 @@ _MAX_DELAY_S = 2.0**53 / 1000
 _Key = DeliveryKey
 
 
+def _key(m: ReceivedMessage) -> DeliveryKey:
+    return hash((id(m), m.broker_name, m.queue_id, m.offset, m.msg_id, m.attempt))
+
+
 class HandBack(GroupMember):
     """The hand-back half of :class:`~qclient.consumer.Consumer`."""
 
     def _note_returned(self, out: list[ReceivedMessage]) -> None:
         returned = self._returned
         for m in out:
-            returned[(id(m), m.broker_name, m.queue_id, m.offset, m.msg_id, m.attempt)] = False
+            returned[_key(m)] = False
         while len(returned) > _TRACKED:
             returned.popitem(last=False)
 
@@ -57,7 +61,9 @@ class HandBack(GroupMember):
         from now, or after the group's backoff for its attempt (``retry_delays``;
         RocketMQ's 10 s ... 2 h schedule by default) when ``delay`` is None. Once the
         message has had ``max_attempts`` deliveries it goes to the group's dead-letter
-        topic ``%DLQ%<group>`` instead. Returns once the copy is durable.
+        topic ``%DLQ%<group>`` instead. Returns once the copy is durable; the message
+        itself is then committed as any other that ``poll()`` returned (by the next
+        ``poll()``, or ``commit()`` without auto-commit).
 
         ``InvalidMessageError`` for a message this consumer did not return (or handed
         back already) or a bad delay, ``ConsumerClosedError`` when closed: nothing is
@@ -103,14 +109,7 @@ class HandBack(GroupMember):
             raise InvalidMessageError(
                 f"expected a ReceivedMessage from this consumer, got {type(message).__name__}"
             )
-        full = (
-            id(message),
-            message.broker_name,
-            message.queue_id,
-            message.offset,
-            message.msg_id,
-            message.attempt,
-        )
+        full = _key(message)
         state = self._returned.get(full)
         if state is None:
             raise InvalidMessageError(
