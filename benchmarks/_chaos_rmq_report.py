@@ -20,6 +20,7 @@ attempt stamps its own born time -- and its acknowledgements):
 
 from __future__ import annotations
 
+import re
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from typing import Any
@@ -61,8 +62,9 @@ def _causes(mid: str, copies: list[Copy], ledger: Ledger) -> tuple[Counter[str],
 def refired_by_fault(
     by_id: dict[str, dict[tuple[str, int, int], Copy]], bands: list[Band], ledger: Ledger
 ) -> dict[str, int]:
-    """The refired copies by the faults on their group that began between the first fire
-    and the last (give or take a second): what made the timer fire them again."""
+    """The refired copies by the faults on their group (or the NameServer) that were on
+    between the first fire and the last (give or take a second): what made the timer fire
+    them again."""
     wall0 = ledger.clock.wall_ms(0)
     out: Counter[str] = Counter()
     for copies in by_id.values():
@@ -77,7 +79,8 @@ def refired_by_fault(
                 {
                     b.kind
                     for b in bands
-                    if t0 - 1 <= b.t0 <= t1 + 1
+                    if b.t0 <= t1 + 1
+                    and (b.t1 < 0 or b.t1 >= t0 - 1)
                     and (b.target.startswith(group) or b.target == "namesrv")
                 }
             )
@@ -220,7 +223,7 @@ def analyse(
     # stored, yet the audit's consumer never returned it (it read until the deadline)
     not_received = set(acked) - {c.msg_id for c in res.consumed} - set(lost)
     causes: Counter[str] = Counter()
-    missing_copies = 0
+    missing_copies = recalled = 0
     # an acknowledgement whose group holds no copy from any attempt of it (the id is
     # delivered through another copy): a write lost behind a duplicate
     missing_samples: list[dict[str, Any]] = []
@@ -230,6 +233,23 @@ def analyse(
             continue
         got, missing = _causes(mid, list(d.values()), ledger)
         causes.update(got)
+        for cause in got:
+            if sum(1 for s in samples if s["cause"] == cause) < 3:
+                samples.append(
+                    {
+                        "cause": cause,
+                        "id": mid,
+                        "acks": [(g, round(t, 2)) for g, t in ledger.acks.get(mid, [])],
+                        "copies": sorted(
+                            (c.group, c.queue, c.offset, c.born_ms, c.fired_ms) for c in d.values()
+                        ),
+                    }
+                )
+        if missing and len({g for g, _ in ledger.acks.get(mid, [])}) > 1:
+            # acknowledged by both groups: the producers' cleaner recalls the copy on one
+            # of them once the other is acknowledged (see producer/_ambiguous.py)
+            recalled += missing
+            continue
         missing_copies += missing
         if missing and len(missing_samples) < 10:
             acks = ledger.acks.get(mid, [])
@@ -243,18 +263,6 @@ def analyse(
                     ),
                 }
             )
-        for cause in got:
-            if sum(1 for s in samples if s["cause"] == cause) < 3:
-                samples.append(
-                    {
-                        "cause": cause,
-                        "id": mid,
-                        "acks": [(g, round(t, 2)) for g, t in ledger.acks.get(mid, [])],
-                        "copies": sorted(
-                            (c.group, c.queue, c.offset, c.born_ms, c.fired_ms) for c in d.values()
-                        ),
-                    }
-                )
     dups = sum(causes.values())
     goal = dups - sum(causes[c] for c in BY_DESIGN)
     n_acked = len(acked)
@@ -274,6 +282,13 @@ def analyse(
             over[kind].append(lat)
             over_at["+".join(sorted(faults_at(bands, t, end))) or "calm"] += 1
 
+    # errors over time (5 s buckets) and by what they say, per phase (ids and numbers out)
+    error_times = Counter(int(t // 5) * 5 for t, _, _ in ledger.errors)
+    error_kinds: Counter[str] = Counter()
+    for (t, _kind, _type), text in zip(ledger.errors, ledger.error_texts, strict=True):
+        phase = "+".join(sorted(faults_at(bands, t, end, before=SEND_TIMEOUT + 0.5))) or "none"
+        error_kinds[f"{phase}: {re.sub(r'[0-9.:]+', '#', text)[:120]}"] += 1
+
     def pct(n: int) -> float:
         return round(100 * n / n_acked, 3) if n_acked else 0.0
 
@@ -286,6 +301,7 @@ def analyse(
         "lost_ids_sample": lost[:10],
         "lost_scenarios": lost_scenarios(lost, ledger, bands, monitor)[:10],
         "acked_copies_missing": missing_copies,
+        "acked_copies_recalled_by_producer": recalled,
         "acked_copies_missing_samples": missing_samples,
         "acked_not_received_by_audit_consumer": len(not_received),
         "not_received_ids_sample": sorted(not_received)[:10],
@@ -314,6 +330,8 @@ def analyse(
         },
         **figures,
         "errors_per_fault": per_fault,
+        "errors_per_5s": dict(sorted(error_times.items())),
+        "error_kinds": dict(error_kinds.most_common(15)),
         "sends_over_timeout": {
             k: {"n": len(v), "max_ms": round(max(v), 1)} for k, v in sorted(over.items())
         },
