@@ -273,13 +273,14 @@ def goals(out: dict[str, Any]) -> list[dict[str, Any]]:
                 floor=j["errors"],
             )
         )
+        qs, js = q["fault_stall_s"], j["fault_stall_s"]
         t.append(
             report.target(
-                f"{kind}: longest stall s, qclient (Java defaults beside)",
-                q["longest_stall_s"],
-                f"< {j['longest_stall_s']}",
-                q["longest_stall_s"] < j["longest_stall_s"],
-                floor=j["longest_stall_s"],
+                f"{kind}: longest stall s from the fault, qclient (Java defaults beside)",
+                qs,
+                f"< {js}",
+                qs < js,
+                floor=js,
             )
         )
     return t
@@ -288,8 +289,9 @@ def goals(out: dict[str, Any]) -> list[dict[str, Any]]:
 #: the side-by-side rows of the fault table: label, key in a client's figures
 FAULT_ROWS = [
     ("caller errors", "errors"),
-    ("longest stall s", "longest_stall_s"),
-    ("stall began s after the fault", "stall_began_s"),
+    ("longest stall s that began within the window", "fault_stall_s"),
+    ("longest stall s of the run", "longest_stall_s"),
+    ("which began s after the fault", "stall_began_s"),
     ("longest gap before the fault s", "normal_longest_gap_s"),
     ("first ack of a send after the fault s", "first_ack_after_s"),
     ("sends succeed again after s", "sends_ok_again_after_s"),
@@ -410,7 +412,9 @@ def main() -> None:
         "ratios per round then the median; other engineers' JVMs share this 2-core host",
         f"faults: qclient, Java defaults and Java sendLatencyFaultEnable=true send together "
         f"({a.fault_threads} threads and {a.fault_rate} msgs/s each) on broker groups of "
-        f"{a.replicas} JVMs; stall = largest gap between acknowledgements",
+        f"{a.replicas} JVMs; stall = largest gap between acknowledgements; the goal takes the "
+        f"longest that began within {FaultPlan().window_s:g} s of the fault (the whole run's, "
+        "printed beside, also holds the host's hiccups, which every client meets at once)",
     ]
     rows = out["side_by_side"]
     width = max((len(r["name"]) for r in rows), default=10) + 2
