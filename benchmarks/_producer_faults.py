@@ -23,6 +23,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import itertools
+import json
 import sys
 import threading
 import time
@@ -298,6 +299,9 @@ def run_fault(
             if kind == "stop":
                 victim.resume()
             sends["qclient"] = ours.result(timeout=plan.duration_s + 120)
+        sdk = p.stats()
+    with open(work / f"{kind}-qclient.jsonl", "w") as f:  # as the Java timelines are
+        f.writelines(json.dumps(r) + "\n" for r in sends["qclient"])
     for label, run in runs.items():
         summary = run.result(plan.duration_s + 120)
         sends[label] = read_timeline(Path(summary["out"]))
@@ -325,6 +329,13 @@ def run_fault(
     }
     for label in CLIENTS:
         out[label] = {**analyze(sends[label], fault_ms, plan.window_s), **readback[label]}
+    # the SDK's own counters (warm-up included): attempts retried, and per broker the
+    # requests, those that failed (timeouts among them) and the slowest
+    out["qclient"]["sdk_retried"] = sdk["retried"]
+    out["qclient"]["sdk_brokers"] = {
+        b: [v["requests"], v["errors"], v["max_ms"]] for b, v in sdk["brokers"].items()
+    }
+    for label in CLIENTS:
         print(f"{kind} {label}: {out[label]}", file=sys.stderr)
     return out
 

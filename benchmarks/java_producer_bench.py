@@ -217,9 +217,11 @@ def run_faults(
         warmup=a.fault_warmup,
     )
     res: dict[str, Any] = {"plan": {k: getattr(plan, k) for k in plan.__slots__}}
-    with tempfile.TemporaryDirectory(prefix="qclient-jpb-") as work:
+    with tempfile.TemporaryDirectory(prefix="qclient-jpb-") as tmp:
+        work = Path(a.keep_timelines or tmp)
+        work.mkdir(parents=True, exist_ok=True)
         for kind in a.faults.split(","):
-            res[kind] = run_fault(cluster, jp, kind, plan, Path(work))
+            res[kind] = run_fault(cluster, jp, kind, plan, work)
     return res
 
 
@@ -364,6 +366,7 @@ def main() -> None:
     ap.add_argument("--fault-at-s", type=float, default=5.0)
     ap.add_argument("--pause-s", type=float, default=8.0, help="how long SIGSTOP holds")
     ap.add_argument("--fault-warmup", type=int, default=200, help="warm-up sends per client")
+    ap.add_argument("--keep-timelines", metavar="DIR", help="keep every send of the faults here")
     a = ap.parse_args()
     if a.smoke:
         a.rounds, a.bulk_rounds, a.warmup_rounds = 1, 1, 0
