@@ -56,7 +56,7 @@ class FaultPlan:
     ``pause_s``; messages due ``delay_s`` after their send."""
 
     threads: int = 16
-    rate: int = 200
+    rate: int = 100
     duration_s: int = 20
     fault_at_s: float = 5.0
     pause_s: float = 8.0

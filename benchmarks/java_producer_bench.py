@@ -361,7 +361,7 @@ def main() -> None:
     ap.add_argument("--faults", default="stop,kill", help="stop and/or kill, in this order")
     ap.add_argument("--replicas", type=int, default=2, help="JVMs per broker group (faults)")
     ap.add_argument("--fault-threads", type=int, default=16, help="sending threads per client")
-    ap.add_argument("--fault-rate", type=int, default=200, help="msgs/s per client")
+    ap.add_argument("--fault-rate", type=int, default=100, help="msgs/s per client")
     ap.add_argument("--fault-duration-s", type=int, default=20)
     ap.add_argument("--fault-at-s", type=float, default=5.0)
     ap.add_argument("--pause-s", type=float, default=8.0, help="how long SIGSTOP holds")
