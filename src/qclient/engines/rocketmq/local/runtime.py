@@ -302,6 +302,19 @@ def controller_broker_options(controller_addr: str) -> dict[str, Any]:
         # how often the master checks and the brokers sync it (defaults 5 s)
         "checkSyncStateSetPeriod": 1000,
         "syncBrokerMetadataPeriod": 1000,
+        # a replica silent this long (5 heartbeats) is disconnected, which drops a hung
+        # slave from the SyncStateSet; the catch-up check above does not while the master
+        # has sent all it has (its writers all wait for that slave): with the default 20 s
+        # every ack of the group waited 20 s for a SIGSTOPped slave
+        "haHousekeepingInterval": 5000,
+        # a restarted replica is fenced (its store refuses writes) until its start-up with
+        # the controller is done, which is after it turns master: 0.1-1 s later, 5 s more
+        # when the controller elected it before its own election request did (that start-up
+        # step is then retried after 5 s). Its timer fires from the moment it is master,
+        # tries each message 3 times 50 ms apart and then drops it, so the messages that
+        # fell due while the group had no master would be lost; retrying until the store
+        # takes them delivers them once the fence lifts
+        "timerEnableRetryUntilSuccess": True,
     }
 
 
