@@ -410,10 +410,22 @@ class RocketMQCluster:
 
     def create_topic(self, topic: str, queues: int = 4, timeout: float = 30.0) -> None:
         """Create (or update) ``topic`` with ``queues`` read and write queues on every
-        master (UPDATE_AND_CREATE_TOPIC), then wait until the NameServer routes it."""
+        master (UPDATE_AND_CREATE_TOPIC), then wait until the NameServer routes it.
+
+        With replicas > 1 the running slaves get it too: a slave copies its master's topics
+        only every 10 s (controller mode's SlaveSynchronize), and one elected before that
+        answers every pull of the topic with TOPIC_NOT_EXIST (a send creates it there only
+        while ``autoCreateTopicEnable`` is on). The NameServer routes a slave's topics only
+        while its group has no master, as the master's would be."""
         fields = topic_fields(topic, queues)
         masters = self.brokers
-        for b in masters:
+        slaves = [
+            n
+            for b in masters
+            for n in self.replicas[b.group]
+            if n is not b and n.running and self._replicas > 1
+        ]
+        for b in [*masters, *slaves]:
             try:
                 reply = call(b.addr, request(RequestCode.UPDATE_AND_CREATE_TOPIC, dict(fields)))
             except OSError as exc:
