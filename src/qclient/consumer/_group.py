@@ -36,6 +36,7 @@ from ..transport.http import Credentials, SyncHttp
 from ._allocate import allocate_averagely
 from ._failures import MAX_ATTEMPTS, failure_policy, retry_topic
 from ._hold import ClockOffset
+from ._lane import Lane
 from ._member import check_member
 from ._received import from_pulled
 from ._retry import from_retry
@@ -115,6 +116,8 @@ class GroupMember:
         self._next_hb = 0.0
         #: the deliveries poll() returned (the newest ones): handed back already?
         self._returned: OrderedDict[DeliveryKey, bool] = OrderedDict()
+        #: hand-backs by (broker, address): concurrent ones share requests
+        self._lanes: dict[tuple[str, str], Lane] = {}
         self._pool = ThreadPoolExecutor(8, thread_name_prefix="qclient-consumer")
         self._lock = threading.RLock()
         self._closed = False

@@ -4,7 +4,8 @@ to its group, through the group's retry topic or into its dead-letter topic.
 The copy (``_retry.py``) goes first to the broker that delivered the message -- it is
 there, and a copy of the same attempt sent again is stored once there -- then to the
 other brokers the member knows. Each attempt carries a deadline, so a broker that
-answers too late stores nothing and the next one's copy is the only one. The call
+answers too late stores nothing and the next one's copy is the only one. Hand-backs to
+one broker from several threads at once share requests (``_lane.py``). The call
 returns once a broker acknowledged the copy as durable; the message itself is then
 committed by the member's usual commit path (the next ``poll()``, or ``commit()``).
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from datetime import timedelta
+from functools import partial
 
 from .._models import ReceivedMessage
 from ..errors import (
@@ -26,6 +28,7 @@ from ..errors import (
 from ..protocol import wire
 from ..transport.errors import error_for_code
 from ._group import DeliveryKey, GroupMember
+from ._lane import Lane
 from ._retry import dlq_copy, queue_for, retry_copy
 from ._rpc import call
 
@@ -149,35 +152,55 @@ class HandBack(GroupMember):
         for name, addr in targets:
             if retry and len(self._subs) > 1:  # spread over the retry topic's queues there
                 copy.queue_id = queue_for(copy.msg_id, self._subs[1].counts.get(name, 0))
-            deadline_ms = time.time_ns() // 1_000_000 + int(self._timeout * 1000)
-            req = wire.SendRequest([copy], deadline_ms)
-            try:
-                resp = call(
-                    self._http,
-                    name,
-                    addr,
-                    wire.BROKER_SEND,
-                    req,
-                    wire.SendResponse,
-                    topic=copy.topic,
-                    timeout=self._timeout,
-                )
-            except (AuthError, InvalidMessageError):
-                raise  # the next broker would answer the same
-            except QClientError as exc:
-                last = exc
-                log.debug("hand-back of %s to %s failed: %s", copy.msg_id, name, exc)
+            out = self._lane(name, addr).call(copy)
+            if isinstance(out.error, InvalidMessageError) and out.batched > 1:
+                # one bad copy refuses its whole request: this one alone decides
+                out = Lane(partial(self._send_request, name, addr)).call(copy)
+            err = out.error
+            if err is not None:
+                if isinstance(err, AuthError | InvalidMessageError):
+                    raise err  # the next broker would answer the same
+                if not isinstance(err, QClientError):
+                    raise err
+                last = err
+                log.debug("hand-back of %s to %s failed: %s", copy.msg_id, name, err)
                 continue
-            if resp is None or len(resp.results) != 1:
-                last = BrokerUnavailableError(f"broker {name}: no answer for {copy.msg_id}")
-                continue
-            r = resp.results[0]
+            r = out.result
+            assert r is not None
             if r.status == wire.SEND_OK:
                 self._returned[key] = True
                 return name
-            err = error_for_code(r.status, r.error or "", broker=name, topic=copy.topic)
+            failed = error_for_code(r.status, r.error or "", broker=name, topic=copy.topic)
             if r.status not in wire.RETRYABLE_CODES:
-                raise err
-            last = err
+                raise failed
+            last = failed
         assert last is not None
         raise last
+
+    def _lane(self, name: str, addr: str) -> Lane:
+        lane = self._lanes.get((name, addr))
+        if lane is None:
+            lane = self._lanes.setdefault(
+                (name, addr), Lane(partial(self._send_request, name, addr))
+            )
+        return lane
+
+    def _send_request(
+        self, name: str, addr: str, copies: list[wire.WireMessage]
+    ) -> list[wire.MessageResult]:
+        """One send request of ``copies`` to a broker, with a deadline (a broker that
+        reads it too late stores none of it); their results in order."""
+        deadline_ms = time.time_ns() // 1_000_000 + int(self._timeout * 1000)
+        resp = call(
+            self._http,
+            name,
+            addr,
+            wire.BROKER_SEND,
+            wire.SendRequest(copies, deadline_ms),
+            wire.SendResponse,
+            topic=copies[0].topic,
+            timeout=self._timeout,
+        )
+        if resp is None or [r.msg_id for r in resp.results] != [c.msg_id for c in copies]:
+            raise BrokerUnavailableError(f"broker {name}: no answer for the hand-back")
+        return resp.results
