@@ -19,7 +19,10 @@ Reported, each p50 / p99 / max in ms, receipt = when ``poll`` returned it here:
   copy and the pull (negative = early, counted as ``early``);
 - retry vs its due time: receipt again - the copy's ``deliver_at_ms`` (the broker's);
 - the ``retry_later`` call itself;
-- lost (never came again), duplicates, the retries/s made.
+- not back (never came again within the run's bound: ``--seconds`` + ``--delay`` + 15 s
+  after the first is due), duplicates, the retries/s made;
+- the host's 1-minute load before and after, and the steal meanwhile (other work on a
+  small machine moves every figure: read them with it).
 
 Bounded: with the defaults ~35 s of workload after the cluster starts (qclient ~2 s,
 RocketMQ ~20 s); ``--smoke`` is 2 s at 100 msgs/s. ``--engine rocketmq`` needs Java and
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import threading
@@ -37,7 +41,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import psutil
+
 from benchmarks._suite.report import target
+from benchmarks._suite.steal import StealMeter
 from benchmarks.peers.workload import percentile
 from qclient import Consumer, LocalCluster, Message, Producer, ReceivedMessage
 from qclient.errors import QClientError
@@ -63,6 +70,11 @@ def _stats(values: list[float]) -> dict[str, Any]:
         "p99_ms": round(percentile(v, 99), 2),
         "max_ms": round(v[-1], 2),
     }
+
+
+def _cpu(p: psutil.Process) -> float:
+    t = p.cpu_times()
+    return float(t.user + t.system)
 
 
 def _missing(engine: str) -> str | None:
@@ -126,7 +138,7 @@ class Run:
             "retry_vs_due": _stats(vs_due),
             "retry_later_call": _stats(calls),
             "retried": len(self.called),
-            "lost": len(ids - set(self.again)),
+            "not_back": len(ids - set(self.again)),
             "early": early,
             "duplicates": self.extra,
             "errors": len(self.errors),
@@ -154,8 +166,17 @@ def run(engine: str, rate: float, seconds: float, delay_s: float, workers: int) 
                     ids.update(r.msg_id for r in producer.send_batch(chunk))
             sent_s = time.time() - (t0 - LEAD_S)
             end = time.monotonic() + (t0 - time.time()) + seconds + delay_s + 15
-            while len(bench.again) < len(ids) and time.monotonic() < end:
-                bench.take(consumer.poll(256, timeout=0.2))
+            load = [os.getloadavg()[0]]
+            procs = [psutil.Process(b.pid) for b in cluster.brokers]
+            cpu0 = [_cpu(p) for p in procs], time.process_time()
+            with StealMeter() as steal:
+                while len(bench.again) < len(ids) and time.monotonic() < end:
+                    bench.take(consumer.poll(256, timeout=0.2))
+            load.append(os.getloadavg()[0])
+            cpu_s = {
+                "client": round(time.process_time() - cpu0[1], 2),
+                "brokers": round(sum(_cpu(p) for p in procs) - sum(cpu0[0]), 2),
+            }
             settle = time.monotonic() + 1.0  # duplicates show up too
             while time.monotonic() < settle:
                 bench.take(consumer.poll(256, timeout=0.2))
@@ -168,10 +189,16 @@ def run(engine: str, rate: float, seconds: float, delay_s: float, workers: int) 
         workers=workers,
         send_s=round(sent_s, 2),
         retries_per_s=round(res["retried"] / seconds, 1),
+        # the host meanwhile: other work on this 2-core machine moves every figure
+        host_load_1m=[round(x, 1) for x in load],
+        steal_pct=steal.pct,
+        # CPU seconds while the messages came due and back: this process (producer,
+        # consumer, the retry_later threads) and the brokers
+        cpu_s=cpu_s,
     )
     rt, first = res["retry_round_trip"], res["first_delivery"]
     res["targets"] = [
-        target(f"{engine}: retries lost", res["lost"], "== 0", res["lost"] == 0),
+        target(f"{engine}: retries not back", res["not_back"], "== 0", res["not_back"] == 0),
         target(f"{engine}: retries early", res["early"], "== 0", res["early"] == 0),
         target(
             f"{engine}: retry round trip p99 ms at {rate:g}/s",
