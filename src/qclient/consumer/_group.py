@@ -171,10 +171,14 @@ class GroupMember:
 
     # --- rebalance ------------------------------------------------------------------
 
+    def _route_due(self, sub: Subscription) -> bool:
+        """Whether the topic's route is looked up again now."""
+        return not (sub.brokers or sub.retry) or time.monotonic() - sub.route_at >= _ROUTE_TTL
+
     def _refresh_route(self, sub: Subscription, force: bool = False) -> None:
-        now = time.monotonic()
-        if not force and (sub.brokers or sub.retry) and now - sub.route_at < _ROUTE_TTL:
+        if not force and not self._route_due(sub):
             return
+        now = time.monotonic()
         try:
             route = self._namesrv.get_route(sub.topic)
         except QClientError:
@@ -198,8 +202,12 @@ class GroupMember:
     def _rebalance(self) -> None:
         """Heartbeat every broker of every topic, then recompute this member's shares."""
         subs = [s for s in self._subs if not s.refused]
-        for sub in subs:
-            self._refresh_route(sub)
+        due = [s for s in subs if self._route_due(s)]
+        if len(due) > 1:  # at once: each is a name-server round trip on the poll's time
+            for f in [self._pool.submit(self._refresh_route, s) for s in due]:
+                f.result()
+        elif due:
+            self._refresh_route(due[0])
         futs = {
             (sub, name): self._pool.submit(
                 self._heartbeat_one, sub, name, addr, sub.pending_commits(name)
