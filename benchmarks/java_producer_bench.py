@@ -55,6 +55,7 @@ from benchmarks.one_call_bench import BODY, DELAY_S, TOPIC, many_threads, one_th
 from benchmarks.producer_bench import measure
 from qclient import Message, Producer
 from qclient.engines.rocketmq.local import RocketMQCluster
+from qclient.errors import QClientError
 
 #: qclient's one-call p50 over the Java producer's, at most
 GOAL_P50_RATIO = 1.2
@@ -152,12 +153,15 @@ def run_perf(jp: JavaProducers, cluster: RocketMQCluster, a: argparse.Namespace)
     with Producer(cluster.namesrv) as p:
 
         def q_one() -> dict[str, Any]:
-            return one_thread(
-                p,
-                a.calls,
-                secs,
-                lambda p: p.send_delayed(TOPIC, BODY, delay=a.one_call_delay_s),
-            )
+            try:
+                return one_thread(
+                    p,
+                    a.calls,
+                    secs,
+                    lambda p: p.send_delayed(TOPIC, BODY, delay=a.one_call_delay_s),
+                )
+            except QClientError as exc:  # the round ends at the first error: no figures
+                return {"errors": repr(exc)}
 
         def j_one() -> dict[str, Any]:
             s = jp.run(JAVA, TOPIC, "one-call", count=a.calls, delay_ms=one_ms, warmup=50,
