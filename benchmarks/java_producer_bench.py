@@ -198,7 +198,7 @@ def run_perf(jp: JavaProducers, cluster: RocketMQCluster, a: argparse.Namespace)
     res["one_call"] = _summarize(one, keys)
     res["one_call"]["p50_ratio"] = _ratio(one, "p50_ms")
     res["one_call"]["p99_ratio"] = _ratio(one, "p99_ms")
-    res["one_call"]["rounds_p50_ms"] = [[q["p50_ms"], j["p50_ms"]] for q, j in one]
+    res["one_call"]["rounds_p50_ms"] = [[q.get("p50_ms"), j.get("p50_ms")] for q, j in one]
     res["threads64"] = _summarize(thr, keys)
     res["threads64"]["msgs_per_s_ratio"] = _ratio(thr, "msgs_per_s")
     res["async"] = _summarize(asy, ("msgs_per_s", "client_cpu_us_per_call", "errors"))
