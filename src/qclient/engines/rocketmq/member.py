@@ -46,12 +46,12 @@ from .rebalance import (
     parse_consumer_list,
     query_offset_request,
     read_offset,
-    readable_queues,
     unregister_request,
 )
 from .remoting import RemotingCommand, response_to
 from .retry import SendTarget, read_send, send_targets
 from .state import ConsumeState
+from .switch import follow_switch
 
 __all__ = ["MemberLoop", "Subscription"]
 
@@ -267,7 +267,9 @@ class MemberLoop:
             sub.masters, sub.queues, sub.route = {}, [], None
             return
         sub.route = route
-        sub.masters, sub.queues = readable_queues(route)
+        # a group between its master's death and the election keeps its queues and
+        # positions (switch.py): taken anew, they would read from stale commits
+        sub.masters, sub.queues = follow_switch(route, sub.masters, sub.queues)
         self._addrs.update(sub.masters)
 
     async def _round(self) -> None:
