@@ -192,6 +192,12 @@ class AsyncConnection(asyncio.Protocol):
             timer.cancel()
             for cmd in cmds:
                 pending.pop(cmd.opaque, None)
+            if len(out) < len(futs):  # left early (cancelled): nobody awaits the rest
+                for fut in futs[len(out) :]:
+                    if fut.done() and not fut.cancelled():
+                        fut.exception()  # retrieved: no "never retrieved" at collection
+                    else:
+                        fut.cancel()
         return out
 
     async def oneway(self, cmd: RemotingCommand, timeout: float = 3.0) -> None:
