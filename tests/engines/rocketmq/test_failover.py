@@ -338,11 +338,11 @@ def _committed_on(addr: str, group: str, topic: str, broker: str, queues: int) -
 
 
 @pytest.mark.xfail(
-    reason="the members re-read committed messages after the switch: they let go of a "
-    "broker's queues while its group has no master (switch.follow_switch is not wired into "
-    "MemberLoop._refresh_route), read the member list from the new master first (it knows "
-    "only those that heartbeated it since), and leave the old master's confirmed commits "
-    "uncommitted on the new one, which starts with none (apache/rocketmq#10284)",
+    reason="a member re-reads committed messages after the switch: it reads the member "
+    "list from the new master first (which knows only those that heartbeated it since) and "
+    "takes the other's queues for a round, from commits the new master holds: none of the "
+    "old master's confirmed ones are sent again, and it starts with none "
+    "(apache/rocketmq#10284)",
     strict=False,
 )
 def test_consumer_group_reads_on_from_the_new_master(cluster: RocketMQCluster) -> None:
