@@ -12,9 +12,10 @@ attempt stamps its own born time -- and its acknowledgements):
   connection was stored anyway, and the retry that was acknowledged is another copy, on
   the same group or another one (the producer's recall of such copies did not get there
   before they fired).
-- ``refired``: one stored attempt put into the topic twice (the same born time): the
-  timer fired it again (a restart replays the timer log from its last checkpoint, or a
-  new master's timer fires what the old one had fired).
+- ``refired``: one stored attempt put into the topic twice (the same born time, beyond
+  the acknowledgements of that group): the timer fired it again (a restart replays the
+  timer log from its last checkpoint, or a new master's timer fires what the old one had
+  fired).
 - ``unacked``: copies beyond the first of an id no caller saw acknowledged.
 """
 
@@ -40,20 +41,25 @@ def _causes(mid: str, copies: list[Copy], ledger: Ledger) -> tuple[Counter[str],
     """Duplicates of one id by cause, and its acknowledgements with no stored copy on
     the group that acknowledged them."""
     out: Counter[str] = Counter()
-    sends: dict[str, set[int]] = defaultdict(set)
+    born: dict[str, set[int]] = defaultdict(set)
+    held: Counter[str] = Counter()
     for c in copies:
-        sends[c.group].add(c.born_ms)
-    n_sends = sum(len(v) for v in sends.values())
-    out["refired"] = len(copies) - n_sends
+        born[c.group].add(c.born_ms)
+        held[c.group] += 1
     acks = Counter(g for g, _ in ledger.acks.get(mid, ()))
-    missing = sum(max(0, n - len(sends.get(g, ()))) for g, n in acks.items())
+    # attempts stored on each group: one per born time -- or per acknowledgement, when
+    # copies allow (two re-sends of one id in one batch call share a born time)
+    sends = {g: max(len(b), min(acks.get(g, 0), held[g])) for g, b in born.items()}
+    n_sends = sum(sends.values())
+    out["refired"] = len(copies) - n_sends
+    missing = sum(max(0, n - held.get(g, 0)) for g, n in acks.items())
     if not acks:
         out["unacked"] = n_sends - 1
     else:
         resent = min(sum(acks.values()) - 1, n_sends - 1)
         out["resent_by_caller"] = resent
         rest = n_sends - 1 - resent
-        other = sum(len(s) for g, s in sends.items() if acks.get(g, 0) == 0)
+        other = sum(n for g, n in sends.items() if acks.get(g, 0) == 0)
         out["retry_other_group"] = min(rest, other)
         out["retry_same_group"] = rest - min(rest, other)
     return +out, missing
