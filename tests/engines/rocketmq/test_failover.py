@@ -337,14 +337,6 @@ def _committed_on(addr: str, group: str, topic: str, broker: str, queues: int) -
     return out
 
 
-@pytest.mark.xfail(
-    reason="a member re-reads committed messages after the switch: it reads the member "
-    "list from the new master first (which knows only those that heartbeated it since) and "
-    "takes the other's queues for a round, from commits the new master holds: none of the "
-    "old master's confirmed ones are sent again, and it starts with none "
-    "(apache/rocketmq#10284)",
-    strict=False,
-)
 def test_consumer_group_reads_on_from_the_new_master(cluster: RocketMQCluster) -> None:
     """Two members of a group poll a steady stream of 1 s messages while broker-a's master
     is SIGKILLed: they read on from the elected slave, every acknowledged message arrives,

@@ -269,8 +269,15 @@ class MemberLoop:
         sub.route = route
         # a group between its master's death and the election keeps its queues and
         # positions (switch.py): taken anew, they would read from stale commits
+        before = sub.masters
         sub.masters, sub.queues = follow_switch(route, sub.masters, sub.queues)
         self._addrs.update(sub.masters)
+        moved = [b for b, addr in sub.masters.items() if before.get(b, addr) != addr]
+        if moved:  # a new master: it gets this member's commits again
+            with self._cond:
+                for broker in moved:
+                    sub.state.recommit(broker)
+            self.wake_committer()
 
     async def _round(self) -> None:
         """Heartbeat every master, read the members, let go and take queues, commit."""
@@ -306,21 +313,29 @@ class MemberLoop:
         await self.commit_all()
 
     async def _read_members(self, masters: dict[str, str]) -> list[str] | None:
-        """The group's members from the first master (by name) that answers: every member
-        asks the same broker first, so all see the same list when the brokers agree."""
-        for name in sorted(masters):
+        """The group's members: every master's list, merged (None when no master
+        answered). A master elected a moment ago knows only the members whose heartbeat
+        reached it since; read from it alone, a member would take the others' queues."""
+
+        async def one(name: str) -> list[str] | None:
             try:
                 answer = await self._call(
                     masters[name], consumer_list_request(self.group), self._round_timeout
                 )
             except RemotingError as exc:
                 log.debug("consumer %s: member list from %s failed: %s", self.client_id, name, exc)
-                continue
+                return None
             members = parse_consumer_list(answer)
-            if members is not None:
-                return members
-            log.debug("consumer %s: member list from %s: %s", self.client_id, name, answer.remark)
-        return None
+            if members is None:
+                why = answer.remark
+                log.debug("consumer %s: member list from %s: %s", self.client_id, name, why)
+            return members
+
+        lists = await asyncio.gather(*(one(name) for name in sorted(masters)))
+        known = [m for m in lists if m is not None]
+        if not known:
+            return None
+        return sorted({m for members in known for m in members})
 
     async def _let_go(self, sub: Subscription, key: Key) -> None:
         """Stop reading ``key``, give the application a moment to acknowledge what it

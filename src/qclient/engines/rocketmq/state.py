@@ -299,6 +299,14 @@ class ConsumeState:
             and (broker is None or key[0] == broker)
         }
 
+    def recommit(self, broker: str) -> None:
+        """Commit ``broker``'s acknowledged offsets again: its master changed, and a new
+        master may not have the group's commits (5.5.0 slaves do not copy them once the
+        group pulled, apache/rocketmq#10284)."""
+        for key, q in self._queues.items():
+            if key[0] == broker and q.acked is not None:
+                q.committed = None
+
     def committed_ok(self, key: Key, offset: int) -> None:
         """The broker stored ``offset`` for ``key``."""
         q = self._queues.get(key)
