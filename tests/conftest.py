@@ -52,6 +52,7 @@ _ROCKETMQ_FULL_TESTS = (
 )
 #: modules whose [rocketmq] parameter belongs to the long suite (their qclient one does not)
 _ROCKETMQ_FULL_PARAMS = (
+    "tests/integration/test_chaos.py",  # a replicated cluster: five JVMs
     "tests/integration/test_engines_faults.py",
     "tests/spark/test_spark_cluster.py",
 )
