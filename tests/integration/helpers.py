@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 
@@ -116,3 +116,11 @@ def check_delivered(got: list[ReceivedMessage], acked: dict[str, SendResult]) ->
         and m.extra["received_ms"] < max(acked[m.msg_id].deliver_at_ms, m.deliver_at_ms)
     ]
     assert not early, f"{len(early)} received before their deliver time, first {early[0]}"
+
+
+def engine_topic(cluster: Any, name: str) -> str:
+    """A topic of this test on ``cluster``'s engine (``name-<engine>``), with 4 queues on
+    each broker: the two-engine modules share one cluster per engine."""
+    topic = f"{name}-{cluster.engine}"
+    cluster.create_topic(topic, 4)
+    return topic

@@ -25,7 +25,7 @@ from qclient.consumer._failures import (
     dlq_topic,
 )
 
-from .helpers import now_ms
+from .helpers import engine_topic, now_ms
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.xdist_group("rocketmq")]
 
@@ -41,13 +41,6 @@ def cluster(request: pytest.FixtureRequest):
         return
     with LocalCluster(brokers=2, engine=request.param) as c:
         yield c
-
-
-def _topic(cluster: LocalCluster, name: str) -> str:
-    """A topic of this test on this engine, with 4 queues on each broker."""
-    topic = f"{name}-{cluster.engine}"
-    cluster.create_topic(topic, 4)
-    return topic
 
 
 def _poll_until(consumer: Consumer, done, timeout: float, handle) -> None:
@@ -68,7 +61,7 @@ def _drain_for(consumer: Consumer, seconds: float) -> list[ReceivedMessage]:
 
 
 def test_fails_twice_then_succeeds_on_the_third_attempt_each_retry_on_time(cluster):
-    topic = _topic(cluster, "retry3")
+    topic = engine_topic(cluster, "retry3")
     group = f"g-retry3-{cluster.engine}"
     delays = [1, 2]
     with Producer(cluster.namesrv) as p:
@@ -99,7 +92,7 @@ def test_fails_twice_then_succeeds_on_the_third_attempt_each_retry_on_time(clust
 
 
 def test_max_attempts_dead_letters_once_and_other_groups_see_it_once(cluster):
-    topic = _topic(cluster, "dlq")
+    topic = engine_topic(cluster, "dlq")
     failing, other = f"g-fail-{cluster.engine}", f"g-other-{cluster.engine}"
     with Producer(cluster.namesrv) as p:
         sent = p.send(topic, b"poison", key="k-p", tags="TagP", properties={"src": "t"})
@@ -146,7 +139,7 @@ def test_max_attempts_dead_letters_once_and_other_groups_see_it_once(cluster):
 
 
 def test_member_killed_right_after_retry_later_loses_nothing(cluster):
-    topic = _topic(cluster, "kill")
+    topic = engine_topic(cluster, "kill")
     group = f"g-kill-{cluster.engine}"
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     child = subprocess.Popen(
@@ -183,7 +176,7 @@ def test_member_killed_right_after_retry_later_loses_nothing(cluster):
 
 
 def test_tag_filtered_group_gets_only_its_tags_while_an_unfiltered_group_gets_all(cluster):
-    topic = _topic(cluster, "tags")
+    topic = engine_topic(cluster, "tags")
     tags = ["TagA", "TagB", "TagC", None]
     with Producer(cluster.namesrv) as p:
         sent = {

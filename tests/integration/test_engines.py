@@ -16,7 +16,7 @@ import pytest
 from qclient import AsyncProducer, LocalCluster, Message, Producer, SendResult
 from qclient.errors import InvalidMessageError, MessageTooLargeError, QClientError
 
-from .helpers import drain, now_ms, wait_until
+from .helpers import drain, engine_topic, now_ms, wait_until
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.xdist_group("rocketmq")]
 
@@ -33,13 +33,6 @@ def cluster(request: pytest.FixtureRequest):
         yield c
 
 
-def _topic(cluster: LocalCluster, name: str) -> str:
-    """A topic of this test on this engine, with 4 queues on each broker."""
-    topic = f"{name}-{cluster.engine}"
-    cluster.create_topic(topic, 4)
-    return topic
-
-
 def _received_on_time(got, sent: dict[str, SendResult]) -> None:
     by_id: dict[str, list] = {}
     for m in got:
@@ -53,7 +46,7 @@ def _received_on_time(got, sent: dict[str, SendResult]) -> None:
 
 
 def test_300_delayed_over_two_brokers_arrive_once_none_early(cluster):
-    topic = _topic(cluster, "arrive")
+    topic = engine_topic(cluster, "arrive")
     rng = random.Random(7)
     batch = [
         Message(
@@ -90,7 +83,7 @@ def test_300_delayed_over_two_brokers_arrive_once_none_early(cluster):
 
 
 def test_64_threads_x_200_send_delayed_every_message_once(cluster):
-    topic = _topic(cluster, "threads")
+    topic = engine_topic(cluster, "threads")
     sent: dict[str, SendResult] = {}
     errors: list[BaseException] = []
     lock = threading.Lock()
@@ -118,7 +111,7 @@ def test_64_threads_x_200_send_delayed_every_message_once(cluster):
 
 
 def test_send_async_and_batches_immediate_and_delayed(cluster):
-    topic = _topic(cluster, "async")
+    topic = engine_topic(cluster, "async")
     with Producer(cluster.namesrv, linger_ms=2) as producer:
         futures = [
             producer.send_async(Message(topic, f"a{i}", delay=0.5 if i % 2 else None))
@@ -136,7 +129,7 @@ def test_send_async_and_batches_immediate_and_delayed(cluster):
 
 
 def test_async_producer_gather(cluster):
-    topic = _topic(cluster, "aio")
+    topic = engine_topic(cluster, "aio")
 
     async def main() -> list[SendResult]:
         async with AsyncProducer(cluster.namesrv) as p:
@@ -154,7 +147,7 @@ def test_async_producer_gather(cluster):
 
 
 def test_bad_input_is_refused_before_the_network(cluster):
-    topic = _topic(cluster, "bad")
+    topic = engine_topic(cluster, "bad")
     with Producer(cluster.namesrv, max_message_size=1024) as producer:
         with pytest.raises(InvalidMessageError):
             producer.send("bad topic!", b"x")
@@ -174,7 +167,7 @@ def test_bad_input_is_refused_before_the_network(cluster):
 def test_three_members_share_eight_queues_exactly_once(cluster):
     from qclient import Consumer
 
-    topic = _topic(cluster, "group")
+    topic = engine_topic(cluster, "group")
     members = [Consumer(cluster.namesrv, topic, "g-three") for _ in range(3)]
     got: list[str] = []
     per_member: Counter[int] = Counter()
@@ -208,7 +201,7 @@ def test_three_members_share_eight_queues_exactly_once(cluster):
 
 def test_now_ms_matches_the_brokers_clock(cluster):
     """Sanity for the early checks above: the producer's deliver times are on this clock."""
-    topic = _topic(cluster, "clock")
+    topic = engine_topic(cluster, "clock")
     with Producer(cluster.namesrv) as producer:
         before = now_ms()
         r = producer.send_delayed(topic, b"x", delay=0.5)

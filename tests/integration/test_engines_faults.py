@@ -17,14 +17,13 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from qclient import Consumer, LocalCluster, Message, Producer, SendResult
 from qclient.errors import QClientError
 
-from .helpers import check_delivered, drain_ids, wait_until
+from .helpers import check_delivered, drain_ids, engine_topic, wait_until
 
 # the "rocketmq" group: one worker runs its modules one after another, so this module's
 # RocketMQ cluster never runs beside another RocketMQ module's
@@ -41,18 +40,11 @@ def cluster(request: pytest.FixtureRequest):
         yield c
 
 
-def _topic(cluster: Any, name: str) -> str:
-    """A topic of this test on this engine, with 4 queues on each broker."""
-    topic = f"{name}-{cluster.engine}"
-    cluster.create_topic(topic, 4)
-    return topic
-
-
 def test_kill9_one_broker_while_sending(cluster):
     """A broker SIGKILLed while one thread sends 1,500 delayed messages (after ~500): at
     most 2 errors reach the caller, and every acknowledged message is delivered once the
     broker is back."""
-    topic = _topic(cluster, "kill9")
+    topic = engine_topic(cluster, "kill9")
     victim = cluster.brokers[0]
     acked: dict[str, SendResult] = {}
     errors: list[QClientError] = []
@@ -104,7 +96,7 @@ def test_sigstop_one_broker_then_sigcont(cluster):
     """A broker SIGSTOPped while one thread sends: no call waits longer than one attempt's
     share of ``send_timeout`` (and a little); after SIGCONT sends reach it again; every
     acknowledged message is delivered."""
-    topic = _topic(cluster, "pause")
+    topic = engine_topic(cluster, "pause")
     victim = cluster.brokers[0]
     send_timeout, retry_times, slack = 3.0, 2, 0.35
     share = send_timeout / (retry_times + 1)
@@ -204,7 +196,7 @@ def test_killed_member_queues_move_nothing_lost(cluster, tmp_path: Path):
     """A member (its own process) SIGKILLed while it reads: its queues move to the member
     left within a few seconds, and every message is read by one of the two (what the
     dead one printed counts as read)."""
-    topic = _topic(cluster, "member")
+    topic = engine_topic(cluster, "member")
     group = f"g-member-{cluster.engine}"
     out_path = tmp_path / "child.out"
     with out_path.open("w") as out:

@@ -17,7 +17,7 @@ from qclient.engines.rocketmq.local.runtime import TIMER_PRECISION_MS
 from qclient.errors import InvalidMessageError, MessageNotScheduledError, UnsupportedByEngineError
 from qclient.protocol import wire
 
-from .helpers import drain, duplicates, not_early, now_ms, wait_until
+from .helpers import drain, duplicates, engine_topic, not_early, now_ms, wait_until
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.xdist_group("rocketmq")]
 
@@ -33,14 +33,8 @@ def cluster(request: pytest.FixtureRequest):
         yield c
 
 
-def _topic(cluster: LocalCluster, name: str) -> str:
-    topic = f"{name}-{cluster.engine}"
-    cluster.create_topic(topic, 4)
-    return topic
-
-
 def test_lookup_sync_and_async_from_another_producer(cluster):
-    topic = _topic(cluster, "lc-lookup")
+    topic = engine_topic(cluster, "lc-lookup")
     with Producer(cluster.namesrv) as sender:
         generated = sender.send_delayed(topic, b"x", delay=2 * 86_400)
         chosen = sender.send_delayed(topic, b"y", delay=3600, msg_id="order-42-close")
@@ -73,7 +67,7 @@ def test_lookup_sync_and_async_from_another_producer(cluster):
 
 
 def test_reschedule_earlier_and_later_delivers_once_at_the_new_time(cluster):
-    topic = _topic(cluster, "lc-move")
+    topic = engine_topic(cluster, "lc-move")
     with Producer(cluster.namesrv) as p:
         early = p.send_delayed(topic, b"early", delay=3600)
         # "late" is moved first, straight after it is sent: its old time must not pass
@@ -104,7 +98,7 @@ def test_reschedule_earlier_and_later_delivers_once_at_the_new_time(cluster):
 
 
 def test_cancel_by_result_and_by_id_and_errors(cluster):
-    topic = _topic(cluster, "lc-cancel")
+    topic = engine_topic(cluster, "lc-cancel")
     with Producer(cluster.namesrv) as p:
         # cancelled long before their time, even on a loaded machine; by its SendResult
         # straight after the send (the broker may not have indexed it yet), and by id
@@ -135,7 +129,7 @@ def test_rocketmq_refuses_a_later_time_inside_the_timer_slot(cluster):
     drops every copy of the id in its slot: a later time in the same slot cannot be had
     (UnsupportedByEngineError), an earlier one keeps the message as it is (it fires with
     the slot, never early). qclient's brokers move it to any time."""
-    topic = _topic(cluster, "lc-slot")
+    topic = engine_topic(cluster, "lc-slot")
     precision = TIMER_PRECISION_MS
     at_ms = (now_ms() + 30_000) // precision * precision + precision // 2
     with Producer(cluster.namesrv) as p:
@@ -174,7 +168,7 @@ def _done(proc: subprocess.Popen[str]) -> tuple[int, str, str]:
 
 
 def test_cli_lookup_cancel_reschedule(cluster):
-    ns, topic = cluster.namesrv, _topic(cluster, "lc-cli")
+    ns, topic = cluster.namesrv, engine_topic(cluster, "lc-cli")
     with Producer(cluster.namesrv) as p:
         r = p.send_delayed(topic, b"x", delay=3600, msg_id="cli-1")
         for mid in ("cli-2", "cli-3", "cli-4"):
