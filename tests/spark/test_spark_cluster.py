@@ -211,8 +211,11 @@ def _rate_query(
         .option("numPartitions", 2)
         .load()
     )
+    # 2 s: an attempt that timed out on a loaded host may have stored a copy besides the
+    # retry's; the producer cancels it in rounds 0.5 s apart, so only a copy due sooner than
+    # that fires twice, and "each row once" needs a delay the clean-up can beat
     rows = transform(src).select(
-        F.col("value").cast("string").alias("value"), F.lit(200).cast("long").alias("delay_ms")
+        F.col("value").cast("string").alias("value"), F.lit(2000).cast("long").alias("delay_ms")
     )
     return (
         rows.writeStream.format("qclient")
