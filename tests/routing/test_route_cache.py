@@ -134,3 +134,44 @@ def test_first_route_of_a_created_topic_keeps_the_auto_create_brokers() -> None:
     assert cache.stale_topics() == ["t"]
     info = cache.put("t", only_a)  # complete and no longer the auto-create route: b is gone
     assert sorted(info.by_broker) == ["broker-a"] and "broker-b" in info.lost
+
+
+def _headless(name: str, slave: str) -> TopicRoute:
+    """``route()`` with broker group ``name`` listed by its slave only (no broker id 0)."""
+    r = route()
+    datas = [
+        BrokerData(b.broker_name, {1: slave}) if b.broker_name == name else b
+        for b in r.broker_datas
+    ]
+    return msgspec.structs.replace(r, broker_datas=datas)
+
+
+def test_group_listed_without_a_master_keeps_its_last_master() -> None:
+    """A name server that restarted may hear from a group's slave before its master, and
+    a group lists no master while its replicas elect one: the group keeps its last master
+    address (asked again soon) rather than leaving the route, for at most 300 s."""
+    clock = Clock()
+    cache = RouteCache(30.0, ThreadLocalIndex, timer=clock, recheck_interval=5.0)
+    cache.put("t", route())
+    info = cache.put("t", _headless("broker-a", "127.0.0.1:20911"))
+    assert info.broker_addrs == BROKERS and sorted(info.by_broker) == ["broker-a", "broker-b"]
+    assert info.headless == {"broker-a": 100.0} and info.route.partial
+    clock.now += 5.1
+    assert cache.stale_topics() == ["t"]  # asked again soon
+    info = cache.put("t", _headless("broker-a", "127.0.0.1:20911"))
+    assert info.headless == {"broker-a": 100.0}  # since the first such route
+    assert info.broker_addrs["broker-a"] == BROKERS["broker-a"]
+    new = {"broker-a": "127.0.0.1:20911", "broker-b": BROKERS["broker-b"]}
+    info = cache.put("t", route(brokers=new))  # the slave was elected
+    assert info.broker_addrs == new and info.headless == {}
+
+
+def test_group_without_a_master_for_300_s_leaves_the_route() -> None:
+    clock = Clock()
+    cache = RouteCache(30.0, ThreadLocalIndex, timer=clock, recheck_interval=5.0)
+    cache.put("t", route())
+    cache.put("t", _headless("broker-a", "127.0.0.1:20911"))
+    clock.now += 300.1
+    info = cache.put("t", _headless("broker-a", "127.0.0.1:20911"))
+    assert sorted(info.by_broker) == ["broker-b"] and info.headless == {}
+    assert "broker-a" in info.lost

@@ -40,6 +40,9 @@ class TopicPublishInfo:
     fresh_until: float = 0.0
     #: brokers that left this topic's route recently -> when (set by RouteCache)
     lost: dict[str, float] = field(default_factory=dict)
+    #: broker groups the route lists without a master, kept at their last master
+    #: address -> since when (set by RouteCache)
+    headless: dict[str, float] = field(default_factory=dict)
     index: Any = None
     by_broker: dict[str, tuple[MessageQueue, ...]] = field(default_factory=dict)
 

@@ -10,14 +10,15 @@ from typing import Any
 
 from cachetools import TLRUCache
 
-from ..protocol.wire import TopicRoute
+from ..protocol.wire import MASTER_ID, PERM_WRITE, BrokerData, TopicRoute
 from .publish_info import TopicPublishInfo
 
 __all__ = ["RouteCache"]
 
 log = logging.getLogger(__name__)
 
-#: how long a route that lost a broker keeps being re-checked at ``recheck_interval``
+#: how long a route that lost a broker keeps being re-checked at ``recheck_interval``, and
+#: how long a broker group listed without a master keeps its last master address
 _LOST_WATCH = 300.0
 
 
@@ -88,9 +89,13 @@ class RouteCache:
                 route.partial or (old.route.auto_create and not route.auto_create)
             ):
                 route = _with_missing(route, old.route)
+            now = self._timer()
+            headless: dict[str, float] = {}
+            if old is not None:
+                route, headless = _keep_masters(route, old, now)
             index = old.index if old is not None else self._index_factory()
             info = TopicPublishInfo.from_route(topic, route, index=index)
-            now = self._timer()
+            info.headless = headless
             lost: dict[str, float] = {}
             if old is not None:
                 if old.queues != info.queues:
@@ -145,6 +150,38 @@ class RouteCache:
             addrs.update(info.broker_addrs)
         self._addrs = addrs  # replaced whole: readers without the lock see old or new
         self._last_addrs = {**self._last_addrs, **addrs}
+
+
+def _keep_masters(
+    new: TopicRoute, old: TopicPublishInfo, now: float
+) -> tuple[TopicRoute, dict[str, float]]:
+    """``new`` with each writable broker group it lists without a master given the master
+    address ``old`` had (marked partial, so it is asked again soon), and since when each
+    kept one has had none. A group has no master in a route while its replicas elect one
+    (0.1-15 s after the master died; the first send to the dead address is refused and the
+    fault table avoids it meanwhile) and after a name server restart, where slaves may
+    register before their masters (up to a 30 s registration period): leaving the group
+    out then made every send fail with no master anywhere. After ``_LOST_WATCH`` without
+    one the group is left out."""
+    writable = {q.broker_name for q in new.queue_datas if q.perm & PERM_WRITE}
+    kept: dict[str, float] = {}
+    datas: list[BrokerData] = []
+    for bd in new.broker_datas:
+        name = bd.broker_name
+        addr = old.broker_addrs.get(name)
+        since = old.headless.get(name, now)
+        if MASTER_ID in bd.addrs or name not in writable or addr is None:
+            datas.append(bd)
+        elif now - since < _LOST_WATCH:
+            kept[name] = since
+            datas.append(BrokerData(name, {**bd.addrs, MASTER_ID: addr}, bd.cluster))
+        else:
+            datas.append(bd)
+    if not kept:
+        return new, kept
+    log.info("route of %s lists %s without a master: their last one is kept", new.topic, kept)
+    route = TopicRoute(new.topic, new.queue_datas, datas, auto_create=new.auto_create, partial=True)
+    return route, kept
 
 
 def _with_missing(new: TopicRoute, old: TopicRoute) -> TopicRoute:
