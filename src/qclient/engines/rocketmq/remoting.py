@@ -24,6 +24,7 @@ __all__ = [
     "FrameDecoder",
     "RemotingCommand",
     "RemotingProtocolError",
+    "SplicedCommand",
     "decode_frame",
     "encode",
     "request",
@@ -87,6 +88,52 @@ class RemotingCommand:
         return bool(self.flag & FLAG_ONEWAY)
 
 
+class SplicedCommand(RemotingCommand):
+    """A request whose JSON header was encoded ahead but for its ``opaque`` and ``flag``,
+    which ``encode`` splices in: ``head`` + opaque + ``mid`` + flag + ``tail``.
+
+    The parts are cut from ``encode``'s own output for a command with sentinel values
+    (``sending.SendTemplate``), so ``encode`` stays the one home of the header's layout.
+    ``code``, ``language``, ``version``, ``remark`` and the extFields are fixed in the
+    parts: ``ext_fields`` is empty here and ``fields()`` decodes them.
+    """
+
+    __slots__ = ("head", "mid", "tail")
+
+    def __init__(self, code: int, head: bytes, mid: bytes, tail: bytes, body: bytes) -> None:
+        """A request of ``code`` with the pre-encoded header parts and ``body``."""
+        self.code = code
+        self.opaque = 0
+        self.flag = 0
+        self.remark = None
+        self.ext_fields = {}
+        self.body = body
+        self.language = "PYTHON"
+        self.version = VERSION
+        self.head = head
+        self.mid = mid
+        self.tail = tail
+
+    def fields(self) -> dict[str, str]:
+        """The extFields the header carries (decoded from the encoded frame)."""
+        return decode_frame(encode(self)[4:]).ext_fields
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not SplicedCommand:
+            return NotImplemented
+        return (self.opaque, self.flag, self.head, self.mid, self.tail, self.body) == (
+            other.opaque,
+            other.flag,
+            other.head,
+            other.mid,
+            other.tail,
+            other.body,
+        )
+
+    def __repr__(self) -> str:
+        return f"SplicedCommand(code={self.code}, opaque={self.opaque}, header={self.tail!r})"
+
+
 _json_encode = msgspec.json.Encoder().encode
 
 
@@ -96,18 +143,21 @@ def encode(cmd: RemotingCommand) -> bytes:
     Raises RemotingProtocolError when the frame would exceed ``MAX_FRAME``: the server
     would close the connection on it.
     """
-    hdr: dict[str, Any] = {
-        "code": cmd.code,
-        "language": cmd.language,
-        "version": cmd.version,
-        "opaque": cmd.opaque,
-        "flag": cmd.flag,
-        "extFields": cmd.ext_fields,
-        "serializeTypeCurrentRPC": "JSON",
-    }
-    if cmd.remark is not None:
-        hdr["remark"] = cmd.remark
-    header = _json_encode(hdr)
+    if type(cmd) is SplicedCommand:
+        header = b"%b%d%b%d%b" % (cmd.head, cmd.opaque, cmd.mid, cmd.flag, cmd.tail)
+    else:
+        hdr: dict[str, Any] = {
+            "code": cmd.code,
+            "language": cmd.language,
+            "version": cmd.version,
+            "opaque": cmd.opaque,
+            "flag": cmd.flag,
+            "extFields": cmd.ext_fields,
+            "serializeTypeCurrentRPC": "JSON",
+        }
+        if cmd.remark is not None:
+            hdr["remark"] = cmd.remark
+        header = _json_encode(hdr)
     hlen = len(header)
     body = cmd.body
     length = 4 + hlen + len(body)
