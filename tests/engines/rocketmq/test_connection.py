@@ -474,6 +474,33 @@ def test_async_timeout_on_paused_namesrv(namesrv: Namesrv, run: Any) -> None:
     run(main())
 
 
+def test_async_call_many_cancelled_leaves_nothing_in_flight(namesrv: Namesrv, run: Any) -> None:
+    async def main() -> None:
+        async with await AsyncConnection.connect(namesrv.addr) as conn:
+            namesrv.pause()
+            try:
+                task = asyncio.ensure_future(
+                    conn.call_many([_probe(f"c{i}") for i in range(5)], LONG)
+                )
+                while conn.in_flight != 5:
+                    await asyncio.sleep(0.005)
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+                assert conn.in_flight == 0
+            finally:
+                namesrv.resume()
+            # the cancelled call's answers come and are dropped; the connection serves on
+            reqs = [_probe(f"after-{i}") for i in range(3)]
+            first: list[float] = []
+            answers = await conn.call_many(reqs, OK, first)
+            for i, (req, resp) in enumerate(zip(reqs, answers, strict=True)):
+                _check_answer(req, resp, f"after-{i}")
+            assert len(first) == 1 and not conn.closed
+
+    run(main())
+
+
 def test_async_killed_namesrv_fails_calls_fast(doomed_namesrv: Namesrv, run: Any) -> None:
     ns = doomed_namesrv
 

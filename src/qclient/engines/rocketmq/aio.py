@@ -59,6 +59,40 @@ def _expire(fut: asyncio.Future[RemotingCommand], addr: str, code: int, timeout:
         )
 
 
+def _wake(done: asyncio.Future[None]) -> None:
+    if not done.done():
+        done.set_result(None)
+
+
+class _Many:
+    """The answers of one ``call_many``, filled as they come; ``done`` is set when the
+    last one is in (or by the call's deadline timer). The call's opaques are consecutive
+    from ``base`` (numbered in one step of the loop), so an answer's opaque is its index."""
+
+    __slots__ = ("answers", "base", "done", "first", "left")
+
+    def __init__(self, base: int, n: int, done: asyncio.Future[None]) -> None:
+        self.base = base
+        self.answers: list[RemotingCommand | RemotingError | None] = [None] * n
+        self.left = n
+        self.done = done
+        #: the loop's time the first answer came
+        self.first: float | None = None
+
+    def fill(self, op: int, answer: RemotingCommand | RemotingError, now: float) -> None:
+        """Answer the request of opaque ``op`` (once: it was popped from ``_pending``)."""
+        self.answers[(op - self.base) & OPAQUE_MASK] = answer
+        if self.first is None:
+            self.first = now
+        self.left -= 1
+        if not self.left and not self.done.done():
+            self.done.set_result(None)
+
+
+#: what an opaque in flight is waited by: a lone call's future, or a call_many's answers
+_Waiter = asyncio.Future[RemotingCommand] | _Many
+
+
 class AsyncConnection(asyncio.Protocol):
     """One TCP connection to a broker or NameServer, many requests in flight.
 
@@ -75,7 +109,7 @@ class AsyncConnection(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._feed = FrameDecoder().feed
         self._ids = itertools.count(1)
-        self._pending: dict[int, asyncio.Future[RemotingCommand]] = {}
+        self._pending: dict[int, _Waiter] = {}
         self._closed = False
         self._error: RemotingConnectionError | None = None
         self._lost: asyncio.Future[None] = self._loop.create_future()
@@ -166,39 +200,29 @@ class AsyncConnection(asyncio.Protocol):
                 return [type(exc)(str(exc)) for _ in cmds]
         if self._closed:
             return [self._closed_error() for _ in cmds]
+        # one waiter for the whole call: ``data_received`` fills its answers by opaque
+        many = _Many(cmds[0].opaque, len(cmds), loop.create_future())
         pending = self._pending
-        futs: list[asyncio.Future[RemotingCommand]] = []
         for cmd in cmds:
-            fut: asyncio.Future[RemotingCommand] = loop.create_future()
-            pending[cmd.opaque] = fut
-            futs.append(fut)
+            pending[cmd.opaque] = many
         cast(asyncio.Transport, self._transport).write(b"".join(frames))
-
-        def expire_all() -> None:
-            for cmd, fut in zip(cmds, futs, strict=True):
-                _expire(fut, self.addr, cmd.code, timeout)
-
-        timer = loop.call_at(deadline, expire_all)
-        out: list[RemotingCommand | RemotingError] = []
+        timer = loop.call_at(deadline, _wake, many.done)
         try:
-            for fut in futs:
-                try:
-                    out.append(await fut)
-                except RemotingError as exc:
-                    out.append(exc)
-                if first is not None and not first:
-                    first.append(loop.time())
+            await many.done
         finally:
             timer.cancel()
             for cmd in cmds:
                 pending.pop(cmd.opaque, None)
-            if len(out) < len(futs):  # left early (cancelled): nobody awaits the rest
-                for fut in futs[len(out) :]:
-                    if fut.done() and not fut.cancelled():
-                        fut.exception()  # retrieved: no "never retrieved" at collection
-                    else:
-                        fut.cancel()
-        return out
+        answers = many.answers
+        for i, answer in enumerate(answers):
+            if answer is None:  # popped above: an answer coming now is dropped
+                cmd = cmds[i]
+                answers[i] = RemotingTimeoutError(
+                    f"{self.addr}: no answer to code {cmd.code} within {timeout:.3f} s"
+                )
+        if first is not None and many.first is not None:
+            first.append(many.first)
+        return cast(list[RemotingCommand | RemotingError], answers)
 
     async def oneway(self, cmd: RemotingCommand, timeout: float = 3.0) -> None:
         """Send ``cmd`` with the oneway flag; no answer is expected. ``timeout`` bounds a
@@ -253,11 +277,14 @@ class AsyncConnection(asyncio.Protocol):
             cast(asyncio.Transport, self._transport).abort()
             return
         pending = self._pending
+        now = self._loop.time()
         for cmd in cmds:
             if cmd.flag & FLAG_RESPONSE:
-                fut = pending.pop(cmd.opaque, None)
-                if fut is not None and not fut.done():
-                    fut.set_result(cmd)
+                waiter = pending.pop(cmd.opaque, None)
+                if isinstance(waiter, _Many):
+                    waiter.fill(cmd.opaque, cmd, now)
+                elif waiter is not None and not waiter.done():
+                    waiter.set_result(cmd)
             else:
                 self._serve_request(cmd)
 
@@ -301,10 +328,13 @@ class AsyncConnection(asyncio.Protocol):
         self._closed = True
         pending = self._pending
         msg = str(self._error)
+        now = self._loop.time()
         while pending:
-            _, fut = pending.popitem()
-            if not fut.done():
-                fut.set_exception(RemotingConnectionError(msg))
+            op, waiter = pending.popitem()
+            if isinstance(waiter, _Many):
+                waiter.fill(op, RemotingConnectionError(msg), now)
+            elif not waiter.done():
+                waiter.set_exception(RemotingConnectionError(msg))
         if self._drain is not None and not self._drain.done():
             self._drain.set_result(None)
 

@@ -231,7 +231,7 @@ def _java_str(value: Any) -> str:
     return value if isinstance(value, str) else str(value)
 
 
-def _decode_json_header(data: bytes, body: bytes) -> RemotingCommand:
+def _decode_json_header(data: bytes | memoryview, body: bytes) -> RemotingCommand:
     try:
         h = _strict_json(data)
         ext = h.extFields if h.extFields is not None else {}
@@ -344,7 +344,14 @@ class FrameDecoder:
                 end = pos + 4 + length
                 if end > avail:
                     break
-                out.append(decode_frame(view[pos + 4 : end]))
+                (mark,) = _I32.unpack_from(buf, pos + 4)
+                start = pos + 8 + (mark & 0xFFFFFF)
+                if mark >> 24 == SERIALIZE_JSON and start <= end:
+                    # decode_frame's JSON case, without its copies and call
+                    body = bytes(view[start:end]) if start < end else b""
+                    out.append(_decode_json_header(view[pos + 8 : start], body))
+                else:
+                    out.append(decode_frame(view[pos + 4 : end]))
                 pos = end
         except RemotingProtocolError as exc:
             # a traceback may still hold a slice of the view, which pins the bytearray's
