@@ -117,6 +117,41 @@ def test_hung_broker_copy_never_fires_twice() -> None:
         assert all(counts[i] == 1 for i in ids), {i: n for i, n in counts.items() if n != 1}
 
 
+def test_close_cancels_the_copies_first() -> None:
+    """A producer closed right after a send whose first attempt hung still cancels the
+    late copy on the hung broker (its close waits up to send_timeout for that)."""
+    with LocalCluster(brokers=2) as cluster:
+        a = cluster.broker("broker-a")
+        ids = _ids_of("broker-a", "broker-b", 2)
+        with Producer(cluster.namesrv) as p:
+            p.send_delayed("amb-close", "warm-up", delay=0.1)
+            a.pause()
+            try:
+                results = [p.send_delayed("amb-close", i, delay=8.0, msg_id=i) for i in ids]
+            finally:
+                a.resume()
+            assert p._ambiguous.counts["noted"] >= 1, p._ambiguous.counts
+        assert p._ambiguous.pending() == 0 and p._ambiguous.counts["cancelled"] >= 1
+        assert {r.broker_name for r in results} == {"broker-b"}
+        got = drain(cluster.namesrv, "amb-close", "g", expected=len(ids) + 1, timeout=20)
+        counts = Counter(m.msg_id for m in got)
+        assert all(counts[i] == 1 for i in ids), counts
+
+
+def test_settle_does_not_wait_for_a_broker_that_does_not_answer() -> None:
+    def cancel(r: SendResult) -> bool:
+        raise ConnectionError("down")
+
+    copies = AmbiguousCopies(cancel)
+    try:
+        copies.note(_result("b", time.time() * 1000 + 60_000), ("a",))
+        t0 = time.monotonic()
+        assert copies.settle(10.0) == 1  # left: broker a failed its round
+        assert time.monotonic() - t0 < 5
+    finally:
+        copies.close()
+
+
 def test_id_broker_is_asked_again_shortly_before_the_copy_is_due() -> None:
     """Nothing on the id's own broker when it answers again; a re-send may reach it later,
     so it is asked once more shortly before the message is due."""

@@ -39,7 +39,7 @@ import httpx
 from .._models import SendResult, SendStatus
 from ..protocol.wire import STATE_FIRED, STATE_SCHEDULED
 
-__all__ = ["AmbiguousCopies", "is_ambiguous"]
+__all__ = ["AmbiguousCopies", "is_ambiguous", "settle_budget"]
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +60,16 @@ _LATE_ASK_MS = 2000
 _PARALLEL = 4  # threads asking one broker at once
 _PER_THREAD = 16  # copies per thread before another one helps
 _MAX_PENDING = 100_000  # memory bound: beyond it the oldest are dropped (they may fire twice)
+_SETTLE_POLL_S = 0.02  # how often ``settle`` looks at what is left
+
+
+def settle_budget(send_timeout: float, timeout: float | None, start: float) -> float:
+    """How long a producer's ``close`` waits for extra copies to be cancelled: one
+    ``send_timeout`` (the time one message may take), or what is left of the caller's
+    ``timeout`` since ``start`` (monotonic) when that is less."""
+    if timeout is None:
+        return send_timeout
+    return max(0.0, min(send_timeout, timeout - (time.monotonic() - start)))
 
 
 def is_ambiguous(exc: BaseException | None) -> bool:
@@ -118,6 +128,7 @@ class AmbiguousCopies:
         self._thread: threading.Thread | None = None
         self._busy: set[str] = set()  # brokers whose worker is running
         self._failed_at: dict[str, float] = {}  # broker -> monotonic time it last failed
+        self._rounds: dict[str, int] = {}  # broker -> rounds it finished
         self.counts = {
             "noted": 0,
             "noted_away": 0,
@@ -180,6 +191,10 @@ class AmbiguousCopies:
                 )
                 self._thread.start()
         self._wake.set()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def pending(self) -> int:
         """Copies being asked about now (not those waiting for their late ask)."""
@@ -265,6 +280,7 @@ class AmbiguousCopies:
         finally:
             with self._lock:
                 self._busy.discard(broker)
+                self._rounds[broker] = self._rounds.get(broker, 0) + 1
 
     def _settle(self, copies: list[_Copy]) -> bool:
         """Ask about (and cancel) each copy; False if the broker stopped answering."""
@@ -338,6 +354,31 @@ class AmbiguousCopies:
             self.counts[how] += 1
         if how == "cancelled":
             log.info("cancelled the extra copy of %s on %s", c.msg_id, c.broker)
+
+    def _pending_brokers(self) -> set[str]:
+        return {c.broker for c in self._pending.values()}
+
+    def settle(self, timeout: float) -> int:
+        """Wait up to ``timeout`` s until no copy is being asked about, or every one left
+        is on a broker that failed a round begun since (it does not answer); late asks,
+        due shortly before each message, are not waited for. Returns how many are left."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            # a round running now may have begun before: it counts only after one more
+            since = {b: self._rounds.get(b, 0) + (b in self._busy) for b in self._pending_brokers()}
+        while True:
+            with self._lock:
+                left = self._pending_brokers()
+                down = all(
+                    b in self._failed_at and self._rounds.get(b, 0) > since.get(b, 0) for b in left
+                )
+                n = len(self._pending)
+            if not n or down:
+                return n
+            if time.monotonic() >= deadline:
+                return n
+            self._wake.set()
+            time.sleep(_SETTLE_POLL_S)
 
     def close(self) -> None:
         """Stop trying; copies still pending may fire twice."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from collections.abc import Coroutine, Iterable, Sequence
 from datetime import datetime, timedelta
@@ -39,7 +40,7 @@ from ..errors import (
 from ..fault.index import ContextIndex
 from ..routing.publish_info import TopicPublishInfo, master_addrs
 from . import lifecycle
-from ._ambiguous import AmbiguousCopies
+from ._ambiguous import AmbiguousCopies, settle_budget
 from ._background import Background
 from ._base import ProducerBase, batch_outcome
 from ._drivers import AsyncSlots, run_async
@@ -186,9 +187,10 @@ class AsyncProducer(ProducerBase):
         self._ambiguous.note(result, brokers, away_from)
 
     def _on_loop(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Run ``coro`` on the producer's loop from the copies' thread, and wait."""
+        """Run ``coro`` on the producer's loop from the copies' thread, and wait (also
+        while ``close`` settles the copies: it closes the connections after)."""
         loop = self._loop
-        if loop is None or self._closed:
+        if loop is None or self._ambiguous.closed:
             coro.close()
             raise ProducerClosedError("producer is closed")
         return asyncio.run_coroutine_threadsafe(coro, loop).result(self._cfg.send_timeout + 1)
@@ -360,12 +362,17 @@ class AsyncProducer(ProducerBase):
         return bool(await run_async(plan, self._http))
 
     async def close(self, timeout: float | None = None) -> None:
-        """Stop the background thread and close connections; idempotent."""
+        """Stop the background thread and close connections; idempotent. Sends in flight
+        finish first, then extra copies that ambiguous attempts may have left are
+        cancelled, for up to ``send_timeout`` (or what is left of ``timeout``)."""
         if self._closed:
             return
         self._closed = True
+        start = time.monotonic()
         if self._coalescer.tasks:  # sends in flight finish (each within send_timeout)
             await asyncio.wait(list(self._coalescer.tasks), timeout=timeout)
+        budget = settle_budget(self._cfg.send_timeout, timeout, start)
+        await asyncio.to_thread(self._ambiguous.settle, budget)
         await asyncio.to_thread(self._bg.close)
         await asyncio.to_thread(self._ambiguous.close)
         await self._http.aclose()

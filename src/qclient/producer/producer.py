@@ -32,7 +32,7 @@ from ..errors import BrokerUnavailableError, InvalidMessageError, QClientError
 from ..fault.index import ThreadLocalIndex
 from ..routing.publish_info import TopicPublishInfo, master_addrs
 from . import lifecycle
-from ._ambiguous import AmbiguousCopies
+from ._ambiguous import AmbiguousCopies, settle_budget
 from ._background import Background
 from ._base import ProducerBase, batch_outcome
 from ._drivers import SyncSlots, run_sync, send_chunk_sync
@@ -108,12 +108,12 @@ class Producer(ProducerBase):
         if self._core.engine.lifecycle:
             self._core.on_ambiguous = self._ambiguous.note
 
+    # the copies' own calls: they go on while ``close`` settles them (it closes the
+    # connections only after the copies' thread stopped)
     def _cancel_copy(self, result: SendResult) -> bool:
-        self._check_open()
         return self._cancel_on(result)
 
     def _lookup_copy(self, topic: str, msg_id: str, broker: str) -> str | None:
-        self._check_open()
         addr = self._addr_of(broker)
         plan = self._core.engine.plan_lookup_on(self._core, topic, msg_id, broker, addr)
         state: str | None = run_sync(plan, self._http)
@@ -352,7 +352,10 @@ class Producer(ProducerBase):
 
     def close(self, timeout: float | None = None) -> None:
         """Flush, stop the background threads, close connections. Idempotent; every
-        ``send_async`` future is completed (result or exception) when it returns."""
+        ``send_async`` future is completed (result or exception) when it returns. Extra
+        copies that ambiguous attempts may have left are cancelled first, for up to
+        ``send_timeout`` (or what is left of ``timeout``); one still pending then may
+        fire twice (logged)."""
         if self._sender is not None:
             self._not_from_callback("close")
         with self._lock:
@@ -360,8 +363,10 @@ class Producer(ProducerBase):
                 return
             self._closed = True
             sender = self._sender
+        start = time.monotonic()
         if sender is not None:
             sender.stop(timeout)
+        self._ambiguous.settle(settle_budget(self._cfg.send_timeout, timeout, start))
         self._bg.close()
         self._ambiguous.close()
         if self._pool is not None:
