@@ -145,6 +145,8 @@ def send_template(topic: str, broker: str, sys_flag: int) -> SendTemplate | None
 
 
 _templates: dict[tuple[str, str, int], SendTemplate | None] = {}
+_MISSING = object()
+_ZLIB = msg.SysFlag.COMPRESSED_ZLIB
 
 
 def _props_json(w: WireMessage, deliver_ms: int | None) -> bytes:
@@ -162,21 +164,40 @@ def _props_json(w: WireMessage, deliver_ms: int | None) -> bytes:
     return _json_encode(msg.encode_properties(_properties(w, deliver_ms)))
 
 
+def _template(key: tuple[str, str, int]) -> SendTemplate | None:
+    """The template of ``key`` (topic, broker, sysFlag), made on first use."""
+    if len(_templates) >= MAX_TEMPLATES:
+        _templates.clear()
+    t = _templates[key] = send_template(*key)
+    return t
+
+
 def single_request(
     w: WireMessage, broker: str, deliver_ms: int | None, now: int
 ) -> RemotingCommand:
     """SEND_MESSAGE_V2 of ``w`` to its queue on ``broker``, due at ``deliver_ms`` (None:
     at once); ``now``: the born time. The bytes of ``single_request_exact``'s."""
-    sys_flag = msg.SysFlag.COMPRESSED_ZLIB if w.flag & FLAG_COMPRESSED else 0
-    key = (w.topic, broker, sys_flag)
-    try:
-        t = _templates[key]
-    except KeyError:
-        if len(_templates) >= MAX_TEMPLATES:
-            _templates.clear()
-        t = _templates[key] = send_template(w.topic, broker, sys_flag)
+    key = (w.topic, broker, _ZLIB if w.flag & FLAG_COMPRESSED else 0)
+    t = _templates.get(key, _MISSING)
+    if t is _MISSING:
+        t = _template(key)
     if t is None:
         return single_request_exact(w, broker, deliver_ms, now)
+    assert isinstance(t, SendTemplate)
+    if (
+        deliver_ms is not None
+        and _DELAYED_PROPS is not None
+        and not (w.properties or w.key or w.tags)
+    ):
+        # the common delayed message, header and properties in one splice (_props_json's)
+        mid = w.msg_id.encode()
+        if len(mid) <= msg.MAX_UNIQUE_KEY_CHARS and mid.isalnum():
+            p0, p1, p2, p3 = t.parts
+            a, b, c = _DELAYED_PROPS
+            tail = b"%b%d%b%d%b%b%b%b%d%b%b" % (
+                p0, w.queue_id, p1, now, p2, a, mid, b, deliver_ms, c, p3
+            )  # fmt: skip
+            return SplicedCommand(_SEND_V2, t.head, t.mid, tail, w.body)
     return t.request(w.queue_id, now, _props_json(w, deliver_ms), w.body)
 
 
