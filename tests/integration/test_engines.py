@@ -101,7 +101,7 @@ def test_64_threads_x_200_send_delayed_every_message_once(cluster):
             with lock:
                 sent[r.msg_id] = r
 
-    with Producer(cluster.namesrv) as producer:
+    with Producer(cluster.namesrv, send_timeout=SEND_TIMEOUT) as producer:
         threads = [threading.Thread(target=worker, args=(t,)) for t in range(64)]
         for th in threads:
             th.start()
