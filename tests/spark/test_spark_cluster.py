@@ -235,7 +235,15 @@ def _reported(query: Any) -> int:
 def _assert_each_value_once(got: list[ReceivedMessage], reported: int) -> None:
     by_value = Counter(int(m.body) for m in got)
     assert set(range(reported)) <= set(by_value)  # every reported row delivered
-    assert max(by_value.values()) == 1  # and none twice
+    twice = sorted(v for v, n in by_value.items() if n > 1)
+    # and none twice; if one is, say where each copy was (same id on two brokers: a
+    # re-send went elsewhere; two ids: the rows were sent under another scope)
+    copies = [
+        (int(m.body), m.msg_id, m.broker_name, m.queue_id, m.offset, m.deliver_at_ms, m.fired_at_ms)
+        for m in got
+        if int(m.body) in twice[:3]
+    ]
+    assert not twice, f"{len(twice)} values twice, first {twice[:10]}; copies {sorted(copies)}"
     assert len({m.msg_id for m in got}) == len(got)  # one id per row, each received once
 
 
