@@ -132,9 +132,9 @@ def main() -> int:
         query = (
             src.select(
                 F.col("value").cast("string").alias("value"),
-                # 2 s: longer than the producer's clean-up of an extra copy left by an
-                # attempt that timed out (rounds 0.5 s apart), so each row fires once
-                F.lit(2000).cast("long").alias("delay_ms"),
+                # 10 s: longer than the producer's clean-up of an extra copy left by an
+                # attempt that timed out on a loaded host, so each row fires once
+                F.lit(10_000).cast("long").alias("delay_ms"),
                 "timestamp",  # the rate source's other column: ignored
             )
             .writeStream.format("qclient")

@@ -211,11 +211,12 @@ def _rate_query(
         .option("numPartitions", 2)
         .load()
     )
-    # 2 s: an attempt that timed out on a loaded host may have stored a copy besides the
-    # retry's; the producer cancels it in rounds 0.5 s apart, so only a copy due sooner than
-    # that fires twice, and "each row once" needs a delay the clean-up can beat
+    # 10 s: on a loaded host an attempt can time out after its broker stored the rows, and
+    # the sink re-sends rows a send_batch reported failed 0.2 s later, elsewhere; the
+    # producer cancels the extra copy in rounds 0.5 s apart (and asks again 2 s before it is
+    # due), so "each row once" needs a delay that clean-up can beat: 2 s did not, twice
     rows = transform(src).select(
-        F.col("value").cast("string").alias("value"), F.lit(2000).cast("long").alias("delay_ms")
+        F.col("value").cast("string").alias("value"), F.lit(10_000).cast("long").alias("delay_ms")
     )
     return (
         rows.writeStream.format("qclient")
