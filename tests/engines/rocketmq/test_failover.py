@@ -133,6 +133,49 @@ def test_master_paused_costs_at_most_one_attempt_share(cluster: RocketMQCluster)
     check_delivered(got, acked)
 
 
+class _Senders:
+    """``threads`` threads sending up to ``per_thread`` messages each, delayed ``DELAY_S``,
+    to ``topic`` (``gap`` s apart) until :meth:`join`: the acknowledged ones (``acked``;
+    ``oks``: monotonic time and broker of each) and the errors callers got (``errors``:
+    monotonic time and error)."""
+
+    def __init__(
+        self, p: Producer, topic: str, threads: int, per_thread: int, gap: float = 0.0
+    ) -> None:
+        self.acked: dict[str, SendResult] = {}
+        self.oks: list[tuple[float, str]] = []
+        self.errors: list[tuple[float, QClientError]] = []
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self._p, self._topic, self._per_thread, self._gap = p, topic, per_thread, gap
+        self.threads = [threading.Thread(target=self._run, args=(t,)) for t in range(threads)]
+        for th in self.threads:
+            th.start()
+
+    def _run(self, t: int) -> None:
+        for i in range(self._per_thread):
+            if self.stop.wait(self._gap) if self._gap else self.stop.is_set():
+                return
+            try:
+                r = self._p.send_delayed(self._topic, f"{t}-{i}", delay=DELAY_S)
+            except QClientError as exc:
+                with self.lock:
+                    self.errors.append((time.monotonic(), exc))
+            else:
+                with self.lock:
+                    self.acked[r.msg_id] = r
+                    self.oks.append((time.monotonic(), r.broker_name))
+
+    def join(self) -> None:
+        """Stop and wait for every thread (bounded; ``alive`` tells whether one is left)."""
+        self.stop.set()
+        for th in self.threads:
+            th.join(60)
+
+    def alive(self) -> bool:
+        return any(th.is_alive() for th in self.threads)
+
+
 def _spread(errors: list[tuple[float, QClientError]], since: float) -> str:
     """`` at a..b s after the kill`` (when there are errors)."""
     if not errors:
@@ -148,38 +191,18 @@ def test_master_killed_while_64_threads_send(cluster: RocketMQCluster) -> None:
     topic = "failover-64"
     cluster.create_topic(topic, 4)
     master = cluster.broker("broker-a")
-    acked: dict[str, SendResult] = {}
-    oks: list[tuple[float, str]] = []  # (monotonic, broker) of each acknowledged send
-    errors: list[tuple[float, QClientError]] = []
-    stop = threading.Event()
-    lock = threading.Lock()
     elected_at: float | None = None
 
     with Producer(cluster.namesrv) as p:
-
-        def worker(t: int) -> None:
-            for i in range(PER_THREAD):
-                if stop.is_set():
-                    return
-                try:
-                    r = p.send_delayed(topic, f"{t}-{i}", delay=DELAY_S)
-                except QClientError as exc:
-                    with lock:
-                        errors.append((time.monotonic(), exc))
-                else:
-                    with lock:
-                        acked[r.msg_id] = r
-                        oks.append((time.monotonic(), r.broker_name))
+        senders = _Senders(p, topic, THREADS, PER_THREAD)
+        acked, oks, errors = senders.acked, senders.oks, senders.errors
 
         def new_master_took_sends() -> bool:
             assert elected_at is not None
             since = elected_at + _AFTER_ROUTE_S
-            with lock:
+            with senders.lock:
                 return any(t > since and b == "broker-a" for t, b in oks[-500:])
 
-        threads = [threading.Thread(target=worker, args=(t,)) for t in range(THREADS)]
-        for th in threads:
-            th.start()
         try:
             wait_until(lambda: len(oks) >= 2000, 120, "2,000 sends before the kill")
             killed_at = time.monotonic()
@@ -194,10 +217,8 @@ def test_master_killed_while_64_threads_send(cluster: RocketMQCluster) -> None:
                     break
                 time.sleep(0.1)
         finally:
-            stop.set()
-            for th in threads:
-                th.join(60)
-    assert not any(th.is_alive() for th in threads), "senders did not stop"
+            senders.join()
+    assert not senders.alive(), "senders did not stop"
     times = sorted(t for t, _ in oks)
     around = [t for t in times if t > killed_at - 1.0]
     stall = max(b - a for a, b in zip([killed_at, *around], around, strict=False))
@@ -236,30 +257,11 @@ def test_namesrv_restart_costs_no_call(cluster: RocketMQCluster) -> None:
     _heal(cluster)
     topic = "ns-restart"
     cluster.create_topic(topic, 4)
-    acked: dict[str, SendResult] = {}
-    errors: list[QClientError] = []
-    stop = threading.Event()
-    lock = threading.Lock()
     headless: Counter[str] = Counter()  # route samples listing a group without a master
 
     with Producer(cluster.namesrv, route_refresh_interval=1.0) as p:
-
-        def worker(t: int) -> None:
-            for i in range(2000):
-                if stop.wait(0.02):
-                    return
-                try:
-                    r = p.send_delayed(topic, f"{t}-{i}", delay=DELAY_S)
-                except QClientError as exc:
-                    with lock:
-                        errors.append(exc)
-                else:
-                    with lock:
-                        acked[r.msg_id] = r
-
-        threads = [threading.Thread(target=worker, args=(t,)) for t in range(8)]
-        for th in threads:
-            th.start()
+        senders = _Senders(p, topic, 8, 2000, gap=0.02)
+        acked, stop = senders.acked, senders.stop
         try:
             wait_until(lambda: len(acked) >= 200, 60, "200 sends before the restart")
             ns = cluster.namesrv_node
@@ -277,10 +279,9 @@ def test_namesrv_restart_costs_no_call(cluster: RocketMQCluster) -> None:
             routed = time.monotonic() - started
             stop.wait(2.0)  # and a little traffic on the complete routes
         finally:
-            stop.set()
-            for th in threads:
-                th.join(60)
-    assert not any(th.is_alive() for th in threads), "senders did not stop"
+            senders.join()
+    assert not senders.alive(), "senders did not stop"
+    errors = [e for _, e in senders.errors]
     print(
         f"\nNameServer restarted: every master routed {routed:.1f} s after its start; "
         f"{len(acked)} acked, {len(errors)} errors; route samples "
@@ -310,34 +311,13 @@ def test_master_killed_with_no_electable_slave_restarts_without_loss(
     cluster.create_topic(topic, 4)
     master = cluster.broker("broker-a")
     slave = next(n for n in cluster.replicas["broker-a"] if n is not master)
-    acked: dict[str, SendResult] = {}
-    errors: list[tuple[float, QClientError]] = []
-    oks: list[tuple[float, str]] = []
-    stop = threading.Event()
-    lock = threading.Lock()
 
     def alone() -> bool:
         return cluster.sync_state().get("broker-a", (None, set()))[1] == {master.addr}
 
     with Producer(cluster.namesrv) as p:
-
-        def worker(t: int) -> None:
-            for i in range(2000):
-                if stop.is_set():
-                    return
-                try:
-                    r = p.send_delayed(topic, f"{t}-{i}", delay=DELAY_S)
-                except QClientError as exc:
-                    with lock:
-                        errors.append((time.monotonic(), exc))
-                else:
-                    with lock:
-                        acked[r.msg_id] = r
-                        oks.append((time.monotonic(), r.broker_name))
-
-        threads = [threading.Thread(target=worker, args=(t,)) for t in range(8)]
-        for th in threads:
-            th.start()
+        senders = _Senders(p, topic, 8, 2000)
+        acked, oks, errors = senders.acked, senders.oks, senders.errors
         try:
             wait_until(lambda: len(oks) >= 300, 120, "300 sends")
             slave.pause()
@@ -354,9 +334,7 @@ def test_master_killed_with_no_electable_slave_restarts_without_loss(
             finally:
                 slave.resume()
         finally:
-            stop.set()
-            for th in threads:
-                th.join(60)
+            senders.join()
     alone_acks = sum(shrunk_at < t <= killed_at and b == "broker-a" for t, b in oks)
     due = max(r.deliver_at_ms for r in acked.values() if r.broker_name == "broker-a")
     # every message broker-a acknowledged falls due while it is down
