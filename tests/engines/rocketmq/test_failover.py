@@ -176,6 +176,16 @@ class _Senders:
         return any(th.is_alive() for th in self.threads)
 
 
+def _drain(
+    cluster: RocketMQCluster, topic: str, group: str, acked: dict[str, SendResult]
+) -> tuple[list[ReceivedMessage], Counter[str], Counter[str]]:
+    """Read ``acked`` back (120 s at most): the messages, how often each id came, and the
+    acknowledged ids that never came, counted by the broker that acknowledged them."""
+    got = drain_ids(cluster.namesrv, topic, group, set(acked), timeout=120)
+    ids = Counter(m.msg_id for m in got)
+    return got, ids, Counter(acked[i].broker_name for i in set(acked) - set(ids))
+
+
 def _spread(errors: list[tuple[float, QClientError]], since: float) -> str:
     """`` at a..b s after the kill`` (when there are errors)."""
     if not errors:
@@ -232,9 +242,7 @@ def test_master_killed_while_64_threads_send(cluster: RocketMQCluster) -> None:
     else:
         switch = f"slave routed as master {elected_at - killed_at:.1f} s after the kill"
     wait_until(lambda: 0 in cluster.route(topic).get("broker-a", {}), 90, "broker-a's master")
-    got = drain_ids(cluster.namesrv, topic, "g-failover", set(acked), timeout=120)
-    ids = Counter(m.msg_id for m in got)
-    lost = Counter(acked[i].broker_name for i in set(acked) - set(ids))
+    got, ids, lost = _drain(cluster, topic, "g-failover", acked)
     print(
         f"\nkilled {master.name} after {len([t for t in times if t <= killed_at])} acks; "
         f"{switch}; {len(acked)} acked "
@@ -345,9 +353,7 @@ def test_master_killed_with_no_electable_slave_restarts_without_loss(
     master.start(timeout=120)
     cluster.wait_routed(topic, 90, ["broker-a"])
     back = time.monotonic() - restart
-    got = drain_ids(cluster.namesrv, topic, "g-restart", set(acked), timeout=120)
-    ids = Counter(m.msg_id for m in got)
-    lost = Counter(acked[i].broker_name for i in set(acked) - set(ids))
+    got, ids, lost = _drain(cluster, topic, "g-restart", acked)
     print(
         f"\n{master.name} killed {killed_at - shrunk_at:.1f} s after {slave.name} left the "
         f"SyncStateSet ({alone_acks} acks by the master alone), no election ({state}); "
