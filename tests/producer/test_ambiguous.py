@@ -13,7 +13,7 @@ import httpx
 import pytest
 from tests.integration.helpers import drain, wait_until
 
-from qclient import AsyncProducer, LocalCluster, Producer, SendResult, SendStatus
+from qclient import AsyncProducer, LocalCluster, Producer, QClientError, SendResult, SendStatus
 from qclient.fault.strategy import _broker_seed, _hash, id_owner
 from qclient.producer._ambiguous import AmbiguousCopies, is_ambiguous
 from qclient.routing.nameserver import NameServerClient
@@ -115,6 +115,33 @@ def test_hung_broker_copy_never_fires_twice() -> None:
         got = drain(cluster.namesrv, "amb", "g", expected=len(ids) + 1, timeout=20, settle=0.5)
         counts = Counter(m.msg_id for m in got)
         assert all(counts[i] == 1 for i in ids), {i: n for i, n in counts.items() if n != 1}
+
+
+def test_resend_after_a_failed_send_cancels_the_failed_attempts_copy() -> None:
+    """A send with no retries fails on hung broker-a (its own broker: the attempt may
+    have been stored); the caller sends the id again, broker-b acknowledges it, and once
+    broker-a resumes and stores the late request, that copy is cancelled: the re-send
+    inherits the failed send's ambiguous attempt, asked about as often as its own."""
+    with LocalCluster(brokers=2) as cluster:
+        a = cluster.broker("broker-a")
+        mid = _ids_of("broker-a", "broker-b", 1)[0]
+        with Producer(cluster.namesrv, retry_times=0, send_timeout=1.0) as p:
+            p.send_delayed("amb-resend", "warm-up", delay=0.1)
+            a.pause()
+            try:
+                with pytest.raises(QClientError):
+                    p.send_delayed("amb-resend", mid, delay=6.0, msg_id=mid)
+                assert p._core.unsettled, "the failed send's attempt was not remembered"
+                again = p.send_delayed("amb-resend", mid, delay=6.0, msg_id=mid)
+            finally:
+                a.resume()
+            assert again.broker_name == "broker-b"
+            counts = p._ambiguous.counts
+            assert counts["noted"] == 1 and not p._core.unsettled, counts
+            wait_until(lambda: p._ambiguous.pending() == 0, 10, "the copy to be settled")
+            assert counts["cancelled"] == 1, counts
+        got = drain(cluster.namesrv, "amb-resend", "g", expected=2, timeout=20, settle=0.5)
+        assert Counter(m.msg_id for m in got)[mid] == 1, got
 
 
 def test_close_cancels_the_copies_first() -> None:

@@ -19,6 +19,11 @@ through still fires twice.
 Never both copies: a copy is cancelled only while the acknowledged one is still
 scheduled (or fired) -- another producer may have cancelled that one, keeping this one.
 
+A caller that chose the id may send it again after an error (the idempotent retry). When
+the failed send had ambiguous attempts, their brokers are remembered (``Unsettled``) until
+the copy they may hold would have fired: if the re-send is acknowledged elsewhere, those
+brokers are asked about as if the attempts had been part of it.
+
 A broker may answer before it has stored the late request (both were queued while it
 hung), so "not found" is asked again a few times before an ambiguous copy is dropped. The
 id's own broker is asked once when it answers again and, if it had no copy, once more
@@ -35,11 +40,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import httpx
+from cachetools import TLRUCache
 
 from .._models import SendResult, SendStatus
 from ..protocol.wire import STATE_FIRED, STATE_SCHEDULED
 
-__all__ = ["AmbiguousCopies", "is_ambiguous", "settle_budget"]
+__all__ = ["AmbiguousCopies", "Unsettled", "is_ambiguous", "settle_budget"]
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +67,9 @@ _PARALLEL = 4  # threads asking one broker at once
 _PER_THREAD = 16  # copies per thread before another one helps
 _MAX_PENDING = 100_000  # memory bound: beyond it the oldest are dropped (they may fire twice)
 _SETTLE_POLL_S = 0.02  # how often ``settle`` looks at what is left
+#: failed sends' ambiguous brokers are kept this long past the copy's due time (a clock
+#: step or a slow timer on the broker), at most ``_MAX_PENDING`` of them
+_UNSETTLED_SLACK_S = 60.0
 
 
 def settle_budget(send_timeout: float, timeout: float | None, start: float) -> float:
@@ -85,6 +94,35 @@ def is_ambiguous(exc: BaseException | None) -> bool:
         | httpx.RemoteProtocolError
         | TimeoutError,  # the drivers' hard cap on a whole exchange
     )
+
+
+class Unsettled:
+    """Caller-chosen ids whose send failed after ambiguous attempts, with the brokers
+    those attempts went to, until the copy they may have stored would have fired."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ids: TLRUCache[tuple[str, str], tuple[tuple[str, ...], float]] = TLRUCache(
+            maxsize=_MAX_PENDING, ttu=lambda _key, value, _now: value[1], timer=time.monotonic
+        )
+
+    def __bool__(self) -> bool:
+        return bool(self._ids)  # a read without the lock: a hint for the hot path
+
+    def remember(self, topic: str, msg_id: str, brokers: Iterable[str], due_in_s: float) -> None:
+        """The send of ``msg_id`` failed after ambiguous attempts on ``brokers``; a copy
+        there would fire ``due_in_s`` from now."""
+        until = time.monotonic() + max(0.0, due_in_s) + _UNSETTLED_SLACK_S
+        with self._lock:
+            known = self._ids.get((topic, msg_id), ((), 0.0))
+            merged = tuple(dict.fromkeys((*known[0], *brokers)))
+            self._ids[(topic, msg_id)] = (merged, max(until, known[1]))
+
+    def take(self, topic: str, msg_id: str) -> tuple[str, ...]:
+        """The brokers remembered for ``msg_id`` (forgotten now: its re-send was
+        acknowledged), or ``()``."""
+        with self._lock:
+            return self._ids.pop((topic, msg_id), ((), 0.0))[0]
 
 
 @dataclass(slots=True)

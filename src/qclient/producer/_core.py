@@ -33,6 +33,7 @@ from ..protocol.wire import ENCODINGS, TopicRoute, WireMessage
 from ..routing.publish_info import MessageQueue, TopicPublishInfo
 from ..routing.route_cache import RouteCache
 from ..transport.errors import Outcome
+from ._ambiguous import Unsettled
 from ._plan import (
     MIN_ATTEMPT,
     PER_MESSAGE_OVERHEAD,
@@ -115,6 +116,8 @@ class ProducerCore:
         self.on_ambiguous: Callable[[SendResult, tuple[str, ...], tuple[str, ...]], None] | None = (
             None
         )
+        #: caller-chosen ids that failed after ambiguous attempts: a re-send inherits them
+        self.unsettled = Unsettled()
         #: Message -> WireMessage with this config's limits (validation included)
         self.builder = WireBuilder(cfg)
 
@@ -245,6 +248,8 @@ class ProducerCore:
             )
         failed = len(results) - list(map(type, results)).count(SendResult)
         self.stats.done(len(results) - failed, failed)
+        if failed and self.on_ambiguous is not None:
+            self._remember_unsettled(items, results)
         if failed and log.isEnabledFor(logging.WARNING):
             first_error = next(r for r in results if isinstance(r, QClientError))
             log.warning(
@@ -406,6 +411,8 @@ class ProducerCore:
             for i, (it, r) in enumerate(zip(items, answers, strict=True)):
                 if isinstance(r, SendResult):
                     results[it.index] = r
+                    if it.pinned and self.unsettled:
+                        it.ambiguous += self.unsettled.take(it.wire.topic, it.wire.msg_id)
                     if it.ambiguous or (it.pinned and (off or it.last_broker or it.info.lost)):
                         self._note_copies(r, it)
                     continue
@@ -433,6 +440,20 @@ class ProducerCore:
                 above = tuple(order[: order.index(sr.broker_name)])
         if it.ambiguous or above:
             self.on_ambiguous(sr, it.ambiguous, above)
+
+    def _remember_unsettled(
+        self, items: list[Item], results: list[SendResult | QClientError | None]
+    ) -> None:
+        """Keep the ambiguous brokers of failed caller-chosen ids for their re-send."""
+        now_ms = time.time() * 1000
+        for it in items:
+            if it.pinned and it.ambiguous and not isinstance(results[it.index], SendResult):
+                w = it.wire
+                if w.deliver_at_ms is not None:
+                    due_ms = w.deliver_at_ms - now_ms
+                else:
+                    due_ms = it.first_delay_ms if it.first_delay_ms is not None else w.delay_ms or 0
+                self.unsettled.remember(w.topic, w.msg_id, it.ambiguous, due_ms / 1000)
 
     @staticmethod
     def _fail(
