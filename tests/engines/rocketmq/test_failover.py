@@ -17,6 +17,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from tests.integration.helpers import check_delivered, drain_ids, now_ms, wait_until
@@ -259,15 +260,28 @@ def test_master_killed_while_64_threads_send(cluster: RocketMQCluster) -> None:
 
 def test_namesrv_restart_costs_no_call(cluster: RocketMQCluster) -> None:
     """The NameServer killed and started again while 8 threads send: no call fails for
-    want of a master. Brokers register again each at its own point of a 30 s period, so for a while
-    the routes may list a group by its slave only; the producer keeps the group's last
-    master meanwhile (it refreshes every second here, so it does see such routes)."""
+    want of a master. Brokers register again each at its own point of a 30 s period, so for
+    a while the routes may lack a group or list it by its slave only; the producer, which
+    reaches the NameServer on a new connection, takes its routes as partial meanwhile and
+    keeps every group and its last master (it refreshes every second here, so it does see
+    such routes)."""
     _heal(cluster)
     topic = "ns-restart"
     cluster.create_topic(topic, 4)
     headless: Counter[str] = Counter()  # route samples listing a group without a master
+    unrouted: Counter[str] = Counter()  # samples of the producer's route lacking a group
+    taken: list[bool] = []  # whether each route the producer took after the restart was partial
 
     with Producer(cluster.namesrv, route_refresh_interval=1.0) as p:
+        put = p._core.routes.put
+        ns_started = threading.Event()
+
+        def recording_put(t: str, route: Any) -> Any:
+            if ns_started.is_set() and t == topic:
+                taken.append(route.partial)
+            return put(t, route)
+
+        p._core.routes.put = recording_put  # type: ignore[method-assign]
         senders = _Senders(p, topic, 8, 2000, gap=0.02)
         acked, stop = senders.acked, senders.stop
         try:
@@ -276,11 +290,15 @@ def test_namesrv_restart_costs_no_call(cluster: RocketMQCluster) -> None:
             ns.kill()
             stop.wait(2.0)  # the outage: routes come from the producer's cache meanwhile
             ns.start(timeout=120)
+            ns_started.set()
             started = time.monotonic()
             deadline = started + 60  # every broker registers within 30 s
             while time.monotonic() < deadline:
                 route = cluster.route(topic, timeout=3.0)  # {} until one registered it
                 headless.update(g for g, addrs in route.items() if 0 not in addrs)
+                info, _ = p._core.routes.get(topic)
+                assert info is not None
+                unrouted.update(g for g in cluster.replicas if g not in info.broker_addrs)
                 if all(0 in route.get(g, {}) for g in cluster.replicas):
                     break
                 time.sleep(0.2)
@@ -293,8 +311,14 @@ def test_namesrv_restart_costs_no_call(cluster: RocketMQCluster) -> None:
     print(
         f"\nNameServer restarted: every master routed {routed:.1f} s after its start; "
         f"{len(acked)} acked, {len(errors)} errors; route samples "
-        f"listing a group without its master: {dict(headless)}"
+        f"listing a group without its master: {dict(headless)}; routes the producer took "
+        f"after it (partial or not): {taken}; samples of its route lacking a group: "
+        f"{dict(unrouted)}"
     )
+    # the restarted NameServer was reached on a new connection: its first routes were
+    # partial, and the producer kept every group and its master from the last route
+    assert taken and taken[0], taken
+    assert not unrouted, unrouted
     # no call failed for want of a route with a master; a few may time out: the controller
     # runs inside the NameServer and restarts with it (5 timeouts of 3,484 sends in one
     # of three runs, 0 in the others)

@@ -4,12 +4,21 @@ A topic no NameServer knows yet is routed like RocketMQ's producer does: through
 default topic ``TBW102``, whose brokers create the topic on its first send
 (``autoCreateTopicEnable``); such a route is marked ``auto_create`` and kept young, so the
 real route replaces it as soon as the brokers register the new topic.
+
+A NameServer keeps its routes in memory only, and brokers register with it every
+``registerNameServerPeriod`` (30 s by default). One reached again on a new connection may
+have restarted: until that period has passed, its routes may lack a live broker group, or
+list a group's slave before its master. Its routes are marked ``partial`` meanwhile, so the
+producer keeps the groups and masters of its last route and asks again soon.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
+
+import msgspec
 
 from ...errors import InvalidMessageError, NameServerUnavailableError, RouteNotFoundError
 from ...protocol.wire import QueueData, TopicRoute, valid_topic
@@ -35,6 +44,11 @@ AUTO_CREATE_TOPIC = "TBW102"
 DEFAULT_TOPIC_QUEUES = 4
 
 
+#: how long the routes of a NameServer reached again on a new connection are ``partial``:
+#: brokers' default registration period (30 s), and a margin for one that was late
+REREGISTER_S = 35.0
+
+
 class _NotFound(Exception):
     pass
 
@@ -46,6 +60,8 @@ class _Failover:
         self.addrs = (addrs,) if isinstance(addrs, str) else tuple(addrs)
         self.timeout = timeout
         self.current = 0
+        self._conns: dict[str, object] = {}  # addr -> the connection last asked
+        self._young_until: dict[str, float] = {}  # addr -> monotonic end of ``partial``
 
     def order(self) -> list[str]:
         n = len(self.addrs)
@@ -53,6 +69,26 @@ class _Failover:
 
     def answered(self, addr: str) -> None:
         self.current = self.addrs.index(addr)
+
+    def asking(self, addr: str, conn: object) -> None:
+        """A request to ``addr`` goes out on ``conn``: a connection other than the last
+        one asked there (the first one excepted) may reach a NameServer that restarted."""
+        last = self._conns.get(addr)
+        if last is not conn:
+            if last is not None:
+                self._young_until[addr] = time.monotonic() + REREGISTER_S
+            self._conns[addr] = conn
+
+    def young(self, addr: str, route: TopicRoute) -> TopicRoute:
+        """``route`` as ``addr`` gave it, ``partial`` while that NameServer may not have
+        heard from every broker since it was reached again."""
+        until = self._young_until.get(addr)
+        if until is None or route.partial:
+            return route
+        if time.monotonic() >= until:
+            del self._young_until[addr]
+            return route
+        return msgspec.structs.replace(route, partial=True)
 
     @staticmethod
     def route_request(topic: str) -> RemotingCommand:
@@ -127,8 +163,10 @@ class RocketMQNameServer:
         not_found = False
         for addr in self._f.order():
             try:
-                answer = self._pool.get(addr).call(cmd, self._f.timeout)
-                route = self._f.read(topic, answer)
+                conn = self._pool.get(addr)
+                self._f.asking(addr, conn)
+                answer = conn.call(cmd, self._f.timeout)
+                route = self._f.young(addr, self._f.read(topic, answer))
             except _NotFound:
                 not_found = True
                 continue
@@ -182,8 +220,9 @@ class AsyncRocketMQNameServer:
         for addr in self._f.order():
             try:
                 conn = await self._pool.get(addr)
+                self._f.asking(addr, conn)
                 answer = await conn.call(self._f.route_request(topic), self._f.timeout)
-                route = self._f.read(topic, answer)
+                route = self._f.young(addr, self._f.read(topic, answer))
             except _NotFound:
                 not_found = True
                 continue
