@@ -425,9 +425,15 @@ class RocketMQCluster:
             for n in self.replicas[b.group]
             if n is not b and n.running and self._replicas > 1
         ]
+        # the whole budget for the requests too: a JVM's first admin request can take
+        # seconds on a loaded host (one slave took over 5 s right after start-up)
+        deadline = time.monotonic() + timeout
         for b in [*masters, *slaves]:
+            left = max(1.0, deadline - time.monotonic())
             try:
-                reply = call(b.addr, request(RequestCode.UPDATE_AND_CREATE_TOPIC, dict(fields)))
+                reply = call(
+                    b.addr, request(RequestCode.UPDATE_AND_CREATE_TOPIC, dict(fields)), left
+                )
             except OSError as exc:
                 raise ClusterError(
                     f"create topic {topic!r} on {b.name} ({b.addr}): {exc}"
