@@ -75,12 +75,14 @@ class Message:
         )
 
 
-class SendResult(msgspec.Struct, frozen=True):
+class SendResult(msgspec.Struct, frozen=True, gc=False):
     """An acknowledged message: where it is stored and when it will be delivered.
 
     Immutable and hashable. A ``msgspec.Struct`` rather than a dataclass: one is made per
     acknowledged message, and building a frozen dataclass cost ~1 us more each (2 % of
-    a core at 20k msgs/s).
+    a core at 20k msgs/s). Not tracked by the cyclic garbage collector (``gc=False``):
+    its fields are strings, integers and an enum member, so it can never be part of a
+    cycle, and a program holding many results pays nothing for them at each collection.
     """
 
     msg_id: str

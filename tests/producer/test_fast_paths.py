@@ -3,6 +3,7 @@ the ``WireBuilder`` fast validation, and settling a batch of ``SendFuture``s at 
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, CancelledError, Future, wait
@@ -12,7 +13,7 @@ from typing import Any
 import pytest
 
 from qclient._config import ProducerConfig
-from qclient._models import Message
+from qclient._models import Message, SendResult, SendStatus
 from qclient._validation import WireBuilder, message_to_wire
 from qclient.errors import InvalidMessageError, QClientError
 from qclient.fault import ContextIndex, MQFaultStrategy, ThreadLocalIndex
@@ -141,6 +142,13 @@ def test_settle_many_is_set_result_and_set_exception() -> None:
     assert plain.result() == "e"
     assert sorted(map(str, seen)) == ["1", "a"]
     assert all(f.done() for f in futs)
+
+
+def test_send_result_is_not_tracked_by_the_collector() -> None:
+    """Results are never part of a cycle: a program holding many costs no collection."""
+    r = SendResult("id", SendStatus.SEND_OK, "b", 1, 1_000, "t")
+    assert not gc.is_tracked(r)
+    assert r == SendResult("id", SendStatus.SEND_OK, "b", 1, 1_000, "t") and hash(r)
 
 
 def _reference_select_for_id(
