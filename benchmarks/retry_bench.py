@@ -53,6 +53,7 @@ TOPIC = "retry-bench"
 GROUP = "retry-bench"
 QUEUES = 4  # per broker
 SEND_CHUNK = 256
+LOAD_SEND_TIMEOUT_S = 15.0
 LEAD_S = 2.0  # the first message comes due this long after the sends start
 
 
@@ -157,7 +158,10 @@ def run(engine: str, rate: float, seconds: float, delay_s: float, workers: int) 
             bench = Run(consumer, delay_s, workers)
             t0 = time.time() + LEAD_S
             ids: set[str] = set()
-            with Producer(cluster.namesrv) as producer:
+            # what is measured is the consumer's retries: the load gets a send budget that a
+            # loaded host's first seconds after start-up cannot exhaust (3 s did, in a
+            # fresh-clone run: both new brokers slow to answer a 200-message batch)
+            with Producer(cluster.namesrv, send_timeout=LOAD_SEND_TIMEOUT_S) as producer:
                 for lo in range(0, n, SEND_CHUNK):
                     chunk = [
                         Message(TOPIC, b"x" * 100, deliver_at=t0 + i / rate)
