@@ -152,7 +152,17 @@ def test_batch_write_delivered_once_none_early(app: AppRun) -> None:
     n, t0 = res["rows"], res["t0_ms"]
     got = drain(app.namesrv, app.topic("batch"), "g", n, timeout=90, settle=1.0)
     by_id = _distinct(got)
-    assert len(got) == len(by_id) == n  # every row once, no duplicates
+    # every row once, no duplicates; if an id comes twice, say where each copy was (two
+    # brokers: stored twice; one broker, queue and offset: read twice)
+    twice = [i for i, k in Counter(m.msg_id for m in got).items() if k > 1]
+    copies = sorted(
+        (m.msg_id, m.broker_name, m.queue_id, m.offset, m.deliver_at_ms, m.fired_at_ms)
+        for m in got
+        if m.msg_id in twice[:3]
+    )
+    assert len(got) == len(by_id) == n, (
+        f"{len(got)} received, {len(by_id)} ids of {n}; {len(twice)} ids twice, copies {copies}"
+    )
     assert sorted(int(m.body) for m in by_id.values()) == list(range(n))
     for m in got:
         delay = (int(m.body) % 5) * 300
