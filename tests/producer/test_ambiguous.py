@@ -15,7 +15,8 @@ from tests.integration.helpers import drain, wait_until
 
 from qclient import AsyncProducer, LocalCluster, Producer, QClientError, SendResult, SendStatus
 from qclient.fault.strategy import _broker_seed, _hash, id_owner
-from qclient.producer._ambiguous import AmbiguousCopies, is_ambiguous
+from qclient.producer import _ambiguous
+from qclient.producer._ambiguous import AmbiguousCopies, Unsettled, is_ambiguous
 from qclient.routing.nameserver import NameServerClient
 
 
@@ -115,6 +116,21 @@ def test_hung_broker_copy_never_fires_twice() -> None:
         got = drain(cluster.namesrv, "amb", "g", expected=len(ids) + 1, timeout=20, settle=0.5)
         counts = Counter(m.msg_id for m in got)
         assert all(counts[i] == 1 for i in ids), {i: n for i, n in counts.items() if n != 1}
+
+
+def test_unsettled_merges_brokers_and_forgets_once_taken_or_due(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_ambiguous, "_UNSETTLED_SLACK_S", 0.0)
+    u = Unsettled()
+    assert not u
+    u.remember("t", "a", ("b1",), 5.0)
+    u.remember("t", "a", ("b2", "b1"), 5.0)  # a second failed send of the same id
+    assert u and u.take("t", "other") == ()
+    assert u.take("t", "a") == ("b1", "b2") and not u
+    u.remember("t", "c", ("b1",), 0.05)
+    wait_until(lambda: u.take("t", "c") == (), 5, "the id to be forgotten once due")
+    assert not u
 
 
 def test_resend_after_a_failed_send_cancels_the_failed_attempts_copy() -> None:

@@ -105,9 +105,12 @@ class Unsettled:
         self._ids: TLRUCache[tuple[str, str], tuple[tuple[str, ...], float]] = TLRUCache(
             maxsize=_MAX_PENDING, ttu=lambda _key, value, _now: value[1], timer=time.monotonic
         )
+        #: whether any id may be remembered, set under the lock: the hot path reads this
+        #: flag without it (the cache itself may not be read while another thread writes)
+        self._any = False
 
     def __bool__(self) -> bool:
-        return bool(self._ids)  # a read without the lock: a hint for the hot path
+        return self._any
 
     def remember(self, topic: str, msg_id: str, brokers: Iterable[str], due_in_s: float) -> None:
         """The send of ``msg_id`` failed after ambiguous attempts on ``brokers``; a copy
@@ -117,12 +120,15 @@ class Unsettled:
             known = self._ids.get((topic, msg_id), ((), 0.0))
             merged = tuple(dict.fromkeys((*known[0], *brokers)))
             self._ids[(topic, msg_id)] = (merged, max(until, known[1]))
+            self._any = True
 
     def take(self, topic: str, msg_id: str) -> tuple[str, ...]:
         """The brokers remembered for ``msg_id`` (forgotten now: its re-send was
         acknowledged), or ``()``."""
         with self._lock:
-            return self._ids.pop((topic, msg_id), ((), 0.0))[0]
+            brokers = self._ids.pop((topic, msg_id), ((), 0.0))[0]
+            self._any = len(self._ids) > 0  # expired ones are not counted
+            return brokers
 
 
 @dataclass(slots=True)
