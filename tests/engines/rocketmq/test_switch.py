@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import msgspec
+
 from qclient.engines.rocketmq.switch import follow_switch
 from qclient.protocol.wire import BrokerData, QueueData, TopicRoute
 
@@ -52,3 +54,14 @@ def test_a_broker_never_seen_with_a_master_is_not_added() -> None:
         {"b": "h:3"},
         [("b", 0), ("b", 1)],
     )
+
+
+def test_a_partial_route_lacking_a_group_keeps_it() -> None:
+    """A NameServer that may have restarted has not heard from broker a yet: the member
+    keeps a's queues and address until a complete route leaves a out."""
+    partial = msgspec.structs.replace(_route({"b": {0: "h:3"}}), partial=True)
+    assert follow_switch(partial, *BEFORE) == BEFORE
+    unreadable = msgspec.structs.replace(
+        _route({"a": {0: "h:1"}, "b": {0: "h:3"}}, perm=0x2), partial=True
+    )
+    assert follow_switch(unreadable, *BEFORE) == ({}, [])  # listed, not readable: let go

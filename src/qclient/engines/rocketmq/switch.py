@@ -13,6 +13,10 @@ has pulled (apache/rocketmq#10284). Every message read since is delivered again.
 as the route still lists the broker and its queues: the members keep their share and
 their positions, their pulls and commits fail fast at the dead address (which makes them
 look the route up again), and they read on from the new master once it is routed.
+
+A ``partial`` route (from a NameServer that may have restarted and not heard from every
+broker yet: ``nameserver``) may also lack a group altogether; the member keeps that
+group's queues and address too, until a complete route leaves it out.
 """
 
 from __future__ import annotations
@@ -31,15 +35,20 @@ def follow_switch(
 ) -> tuple[dict[str, str], list[Key]]:
     """``readable_queues(route)``, plus each broker of the previous ``masters`` /
     ``queues`` that the route lists (a replica and readable queues) without a master
-    now: its previous address and queues. A broker the route no longer lists, or lists
-    without read permission, is left out as before."""
+    now, or that a partial route does not list at all: its previous address and queues.
+    A broker a complete route no longer lists, or lists without read permission, is left
+    out as before."""
     new_masters, new_queues = readable_queues(route)
     replicas = {b.broker_name for b in route.broker_datas if b.addrs}
     readable = {q.broker_name for q in route.queue_datas if q.perm & PERM_READ}
+    listed = {b.broker_name for b in route.broker_datas} | {
+        q.broker_name for q in route.queue_datas
+    }
     kept = [
         name
         for name in masters
-        if name not in new_masters and name in replicas and name in readable
+        if name not in new_masters
+        and ((name in replicas and name in readable) or (route.partial and name not in listed))
     ]
     if not kept:
         return new_masters, new_queues
