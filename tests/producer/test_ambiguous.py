@@ -8,13 +8,14 @@ import asyncio
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 
 import httpx
 import pytest
 from tests.integration.helpers import drain, wait_until
 
 from qclient import AsyncProducer, LocalCluster, Producer, QClientError, SendResult, SendStatus
-from qclient.fault.strategy import _broker_seed, _hash, id_owner
+from qclient.fault.strategy import _broker_seed, _hash, id_order, id_owner
 from qclient.producer import _ambiguous
 from qclient.producer._ambiguous import AmbiguousCopies, Unsettled, is_ambiguous
 from qclient.routing.nameserver import NameServerClient
@@ -47,8 +48,13 @@ def test_which_failures_are_ambiguous(exc: BaseException | None, ambiguous: bool
     assert is_ambiguous(exc) is ambiguous
 
 
+#: an id whose rendezvous order is c, b, a: the copy on the acknowledging broker (b, or c)
+#: ranks first, so the clean-up cancels the other one (a, or b)
+MID = "m2"
+
+
 def _result(broker: str, deliver_at_ms: float) -> SendResult:
-    return SendResult("m1", SendStatus.SEND_OK, broker, 0, int(deliver_at_ms), "t")
+    return SendResult(MID, SendStatus.SEND_OK, broker, 0, int(deliver_at_ms), "t")
 
 
 def test_copy_is_cancelled_once_its_broker_answers() -> None:
@@ -70,7 +76,7 @@ def test_copy_is_cancelled_once_its_broker_answers() -> None:
         copies.note(_result("b", time.time() * 1000 + 60_000), ("a", "a", "b"))
         assert done.wait(5)
         wait_until(lambda: copies.pending() == 0, 5, "the copy to be settled")
-        assert calls == [("t", "m1", "a")] * 3  # never b: it deduplicated the retry
+        assert calls == [("t", MID, "a")] * 3  # never b: it deduplicated the retry
         assert copies.counts["cancelled"] == 1
     finally:
         copies.close()
@@ -268,6 +274,62 @@ def test_id_broker_of_a_copy_due_soon_is_asked_again_two_rounds_on() -> None:
         copies.close()
 
 
+def _store_of(copies: dict[str, str]) -> tuple[Callable[..., str | None], Callable[..., bool]]:
+    """lookup and cancel over one shared set of copies (broker -> state)."""
+    lock = threading.Lock()
+
+    def lookup(topic: str, msg_id: str, broker: str) -> str | None:
+        return copies.get(broker)
+
+    def cancel(r: SendResult) -> bool:
+        with lock:
+            if copies.get(r.broker_name) != "scheduled":
+                return False
+            copies[r.broker_name] = "cancelled"
+            return True
+
+    return lookup, cancel
+
+
+def test_the_copy_on_the_better_ranked_broker_stays_even_if_not_acknowledged() -> None:
+    """a ranks before b in the id's order: the acknowledged copy on b goes, a's stays."""
+    mid = next(f"x{i}" for i in range(100) if id_order(f"x{i}", ["a", "b"])[0] == "a")
+    store = {"a": "scheduled", "b": "scheduled"}
+    lookup, cancel = _store_of(store)
+    copies = AmbiguousCopies(cancel, lookup)
+    try:
+        acked = SendResult(mid, SendStatus.SEND_OK, "b", 0, int(time.time() * 1000) + 60_000, "t")
+        copies.note(acked, ("a",))
+        wait_until(lambda: copies.pending() == 0, 5, "the copies to be settled")
+        assert store == {"a": "scheduled", "b": "cancelled"}, store
+    finally:
+        copies.close()
+
+
+def test_two_clean_ups_keeping_opposite_copies_never_cancel_both() -> None:
+    """A re-sent id: one send acknowledged by a (its attempt on b ambiguous), another by
+    b (its attempt on a ambiguous), each producer cleaning up at once. Both keep the copy
+    on the broker ranked first in the id's order; one copy is left, for many ids."""
+    for i in range(20):
+        mid = f"race-{i}"
+        store = {"a": "scheduled", "b": "scheduled"}
+        lookup, cancel = _store_of(store)
+        due = int(time.time() * 1000) + 60_000
+        p1, p2 = AmbiguousCopies(cancel, lookup), AmbiguousCopies(cancel, lookup)
+        try:
+            p1.note(SendResult(mid, SendStatus.SEND_OK, "a", 0, due, "t"), ("b",))
+            p2.note(SendResult(mid, SendStatus.SEND_OK, "b", 0, due, "t"), ("a",))
+            wait_until(
+                lambda p1=p1, p2=p2: not p1.pending() and not p2.pending(), 5, "both settled"
+            )
+        finally:
+            p1.close()
+            p2.close()
+        first = id_order(mid, ["a", "b"])[0]
+        assert store[first] == "scheduled", (mid, store)
+        assert list(store.values()).count("scheduled") == 1, (mid, store)
+
+
 def test_copy_stays_when_the_acknowledged_one_is_gone() -> None:
     """Another producer may have cancelled the acknowledged copy (keeping this one): then
     this copy is the message, and it stays."""
@@ -344,7 +406,8 @@ def test_id_resent_across_its_brokers_outage_fires_once() -> None:
         got = drain(cluster.namesrv, "away", "g", expected=len(ids) + 3, timeout=25, settle=0.5)
         by_id = Counter(m.msg_id for m in got)
         assert all(by_id[i] == 1 for i in ids), {i: n for i, n in by_id.items() if n != 1}
-        assert {m.broker_name for m in got if m.msg_id in ids} == {"broker-b"}
+        # the copies kept are those on the ids' own broker, first in their order
+        assert {m.broker_name for m in got if m.msg_id in ids} == {"broker-a"}
 
 
 def test_async_producer_looks_up_and_cancels_a_copy_from_the_copies_thread() -> None:

@@ -11,13 +11,17 @@ Two ways leave a message stored on two brokers:
   one stored during the outage and a re-send after it, back on the id's own broker.
 
 A delayed message is invisible until it fires, so the extra copy can be removed in time:
-the producer remembers ``(topic, id, broker)`` with the broker that acknowledged it (the
-copy that stays) and, once the other broker answers again, cancels its copy by id (the
+the producer remembers ``(topic, id, broker)`` with the broker that acknowledged it and,
+once the other broker answers again, looks both copies up and cancels one by id (the
 broker finds it through its dedupe table). Only a copy due before the cancel gets
 through still fires twice.
 
-Never both copies: a copy is cancelled only while the acknowledged one is still
-scheduled (or fired) -- another producer may have cancelled that one, keeping this one.
+Never both copies: of two scheduled copies, the one on the broker ranked lower in the
+id's rendezvous order (``id_order``) goes, so every producer's clean-up keeps the same
+one, and the best-ranked broker holding a copy is never cancelled on -- even when
+another producer's clean-up of the same id (a caller's re-send of it) runs at once. A
+copy whose counterpart is gone (cancelled by the application, or by such a clean-up)
+stays; one whose counterpart fired goes.
 
 A caller that chose the id may send it again after an error (the idempotent retry). When
 the failed send had ambiguous attempts, their brokers are remembered (``Unsettled``) until
@@ -43,6 +47,7 @@ import httpx
 from cachetools import TLRUCache
 
 from .._models import SendResult, SendStatus
+from ..fault.strategy import id_order
 from ..protocol.wire import STATE_FIRED, STATE_SCHEDULED
 
 __all__ = ["AmbiguousCopies", "Unsettled", "is_ambiguous", "settle_budget"]
@@ -346,10 +351,13 @@ class AmbiguousCopies:
                     if state != STATE_SCHEDULED:
                         self._done(c, "gone")  # fired or cancelled already
                         continue
-                    if not self._kept(c):
+                    victim = self._victim(c)
+                    if victim is None:
                         continue
+                else:
+                    victim = c.broker
                 result = SendResult(
-                    c.msg_id, SendStatus.SEND_OK, c.broker, 0, c.deliver_at_ms, c.topic
+                    c.msg_id, SendStatus.SEND_OK, victim, 0, c.deliver_at_ms, c.topic
                 )
                 cancelled = self._cancel(result)
             except Exception as exc:  # the broker does not answer yet: next round
@@ -357,23 +365,32 @@ class AmbiguousCopies:
                 return False
             if cancelled:
                 self._done(c, "cancelled")
+                log.info("cancelled the extra copy of %s on %s", c.msg_id, victim)
             else:
                 self._not_found(c)
         return True
 
-    def _kept(self, c: _Copy) -> bool:
-        """Whether the acknowledged copy is still there, so ``c`` may go; when it is gone
-        ``c`` stays (and is forgotten); when its broker does not answer, next round."""
+    def _victim(self, c: _Copy) -> str | None:
+        """Which of the two scheduled copies goes (``c.broker``'s was just seen
+        scheduled): the one on the broker ranked lower in the id's rendezvous order, so
+        that every producer's clean-up keeps the same copy and the best-ranked broker
+        holding one is never recalled (two clean-ups keeping opposite copies would
+        otherwise each recall the other's, and a RocketMQ recall removes every copy of
+        the key in its slot). When the acknowledged copy fired, ``c``'s goes; when it is
+        gone (cancelled, perhaps by a clean-up keeping ``c``), ``c``'s stays and is
+        forgotten (None); when its broker does not answer, next round (None)."""
         assert self._lookup is not None
         try:
             state = self._lookup(c.topic, c.msg_id, c.keep)
         except Exception as exc:
             log.debug("lookup of kept copy %s on %s: %s", c.msg_id, c.keep, exc)
-            return False
-        if state in (STATE_SCHEDULED, STATE_FIRED):
-            return True
+            return None
+        if state == STATE_FIRED:
+            return c.broker
+        if state == STATE_SCHEDULED:
+            return id_order(c.msg_id, (c.broker, c.keep))[1]
         self._done(c, "kept")
-        return False
+        return None
 
     def _not_found(self, c: _Copy) -> None:
         c.not_found += 1
@@ -396,8 +413,6 @@ class AmbiguousCopies:
         with self._lock:
             self._pending.pop((c.topic, c.msg_id, c.broker), None)
             self.counts[how] += 1
-        if how == "cancelled":
-            log.info("cancelled the extra copy of %s on %s", c.msg_id, c.broker)
 
     def _pending_brokers(self) -> set[str]:
         return {c.broker for c in self._pending.values()}
