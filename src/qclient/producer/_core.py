@@ -449,10 +449,12 @@ class ProducerCore:
         for it in items:
             if it.pinned and it.ambiguous and not isinstance(results[it.index], SendResult):
                 w = it.wire
-                if w.deliver_at_ms is not None:
-                    due_ms = w.deliver_at_ms - now_ms
-                else:
-                    due_ms = it.first_delay_ms if it.first_delay_ms is not None else w.delay_ms or 0
+                # the first attempt's delay bounds when its copy fires (carry_remaining_delay)
+                due_ms = (
+                    w.deliver_at_ms - now_ms
+                    if w.deliver_at_ms is not None
+                    else it.first_delay_ms or w.delay_ms or 0
+                )
                 self.unsettled.remember(w.topic, w.msg_id, it.ambiguous, due_ms / 1000)
 
     @staticmethod
