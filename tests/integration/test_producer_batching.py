@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import logging
 import time
+import weakref
 from concurrent.futures import Future
 
 import pytest
 
 from qclient import AsyncProducer, LocalCluster, Message, MessageBatch, Producer, SendResult
 from qclient.errors import BufferFullError, QClientError
+from qclient.producer._plan import Item
 
 from .helpers import drain, not_early
 
@@ -170,3 +174,51 @@ def test_async_producer_gather_and_batch(cluster: LocalCluster) -> None:
     assert {r.broker_name for r in gathered} == {"broker-a", "broker-b"}
     got = drain(cluster.namesrv, "aio", "g", 2500, timeout=30)
     assert {m.msg_id for m in got} == {r.msg_id for r in gathered + batch + columns}
+
+
+def test_buffered_sends_cost_the_collector_one_object_each(tmp_path) -> None:
+    """A waiting ``send_async`` holds one object the cyclic collector tracks, its future:
+    the plan's ``Item`` is untracked, so thousands buffered set off no long collections."""
+    with LocalCluster(1, data_dir=str(tmp_path), broker_expire=60.0) as c:
+        p = Producer(c.namesrv, send_timeout=5.0, linger_ms=1.0)
+        p.send("held", b"warm")
+        c.brokers[0].pause()
+        try:
+            gc.collect()
+            before = len(gc.get_objects())
+            futures = [p.send_async(Message("held", f"h{i}", delay=1.0)) for i in range(2000)]
+            tracked = gc.get_objects()
+            grown = len(tracked) - before
+            items = sum(type(o) is Item for o in tracked)
+            del tracked
+            assert sum(f.done() for f in futures) < 100  # still waiting when counted
+        finally:
+            c.brokers[0].resume()
+            p.close(timeout=10)
+    assert items == 0
+    assert grown < 2000 * 2, grown  # the futures, and what the sender holds meanwhile (was ~8k)
+
+
+def test_failed_sends_leave_no_cycle_behind(tmp_path) -> None:
+    """The errors of failed sends are freed with their futures: an untracked ``Item``
+    never holds an error, whose traceback's frames hold the items (a cycle the
+    collector could not see through)."""
+    quiet = logging.getLogger("qclient")  # a captured warning's record holds the error
+    level = quiet.level
+    with LocalCluster(1, data_dir=str(tmp_path), broker_expire=60.0) as c:
+        p = Producer(c.namesrv, send_timeout=1.0, linger_ms=1.0)
+        try:
+            quiet.setLevel(logging.ERROR)
+            p.send("gone", b"warm")
+            c.brokers[0].kill()
+            futures = [p.send_async(Message("gone", f"g{i}", delay=1.0)) for i in range(50)]
+            p.flush(timeout=30)
+            errors = [f.exception(0) for f in futures]
+        finally:
+            quiet.setLevel(level)
+            p.close(timeout=10)
+    assert all(isinstance(e, QClientError) for e in errors)
+    refs = [weakref.ref(e) for e in errors]
+    del errors, futures
+    gc.collect()
+    assert [r for r in refs if r() is not None] == []

@@ -6,7 +6,7 @@ from __future__ import annotations
 import gc
 import threading
 import time
-from concurrent.futures import FIRST_COMPLETED, CancelledError, Future, wait
+from concurrent.futures import FIRST_COMPLETED, CancelledError, Future, as_completed, wait
 from datetime import timedelta
 from typing import Any
 
@@ -19,6 +19,7 @@ from qclient.errors import InvalidMessageError, QClientError
 from qclient.fault import ContextIndex, MQFaultStrategy, ThreadLocalIndex
 from qclient.fault.index import POSITIVE_MASK
 from qclient.producer._future import SendFuture, settle_many
+from qclient.producer._plan import Item
 from qclient.routing import TopicPublishInfo
 
 from .conftest import route
@@ -142,6 +143,32 @@ def test_settle_many_is_set_result_and_set_exception() -> None:
     assert plain.result() == "e"
     assert sorted(map(str, seen)) == ["1", "a"]
     assert all(f.done() for f in futs)
+
+
+def test_send_futures_make_their_lists_on_first_use() -> None:
+    """``as_completed`` and ``wait`` install waiters, callbacks append: each gets a list
+    when it first asks, and a future nobody waits on holds none."""
+    cond = threading.Condition()
+    futs: list[Any] = [SendFuture(cond) for _ in range(3)]
+    assert futs[0]._w is None and futs[0]._cb is None
+    order: list[Any] = []
+    settler = threading.Thread(target=settle_many, args=(cond, futs, ["x", "y", "z"]))
+    it = as_completed(futs, timeout=5)
+    settler.start()
+    order.extend(f.result() for f in it)
+    settler.join(5)
+    assert sorted(order) == ["x", "y", "z"]
+    assert all(f._w == [] for f in futs)  # the waiters were removed again
+    assert SendFuture(cond)._w is None
+
+
+def test_items_are_not_tracked_by_the_collector() -> None:
+    """An ``Item`` never holds an error or anything else that leads back to it (see its
+    docstring), so it is left out of the collector's passes."""
+    it = Item(0, message_to_wire(CFG, Message("t", b"x")), _info(2))
+    it.ambiguous += ("broker-a",)
+    assert not gc.is_tracked(it)
+    assert "error" not in Item.__struct_fields__
 
 
 def test_send_result_is_not_tracked_by_the_collector() -> None:

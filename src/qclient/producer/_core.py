@@ -241,8 +241,8 @@ class ProducerCore:
         attempts = 1
         if pending:
             pending, attempts = yield from self._retries(pending, deadline, results, first_attempt)
-        for it in pending:
-            results[it.index] = it.error or SendTimeoutError(
+        for it in pending:  # a pending item's entry holds its last error, if any
+            results[it.index] = results[it.index] or SendTimeoutError(
                 f"message {it.wire.msg_id} not acknowledged within "
                 f"send_timeout={self.cfg.send_timeout}s"
             )
@@ -418,11 +418,10 @@ class ProducerCore:
                     continue
                 if isinstance(ambiguous, frozenset) and i in ambiguous:
                     it.ambiguous += (broker,)
+                results[it.index] = r  # the result, or the last error of a retried one
                 if i in verdict.retry:
-                    it.error, it.last_broker = r, broker
+                    it.last_broker = broker
                     retry.append(it)
-                else:
-                    results[it.index] = r
         if retry and self.on_route_failure is not None:
             for topic in {it.wire.topic for it in retry}:
                 self.on_route_failure(topic)
@@ -467,10 +466,9 @@ class ProducerCore:
         retry: list[Item],
     ) -> None:
         for it in items:
+            results[it.index] = err  # a retried item's last error
             if retryable:
-                it.error, it.last_broker = err, broker
+                it.last_broker = broker
                 retry.append(it)
-            else:
-                results[it.index] = err
 
     # --- cancel ----------------------------------------------------------------------

@@ -35,8 +35,23 @@ class SendFuture(Future):
         self._state = PENDING
         self._result = None
         self._exception = None
-        self._waiters: list[Any] = []
-        self._done_callbacks: list[Any] = []
+        self._w: list[Any] | None = None
+        self._cb: list[Any] | None = None
+
+    # Future's two lists, made on first use: most futures never get a waiter
+    # (``concurrent.futures.wait``) or a done callback, and each list is one more object
+    # for the cyclic collector to track while the caller holds the future.
+    @property
+    def _waiters(self) -> list[Any]:  # type: ignore[override]
+        if self._w is None:
+            self._w = []
+        return self._w
+
+    @property
+    def _done_callbacks(self) -> list[Any]:
+        if self._cb is None:
+            self._cb = []
+        return self._cb
 
     def _wait(self, timeout: float | None) -> None:
         """Wait (holding the condition) until done or ``timeout``."""
@@ -98,14 +113,16 @@ def settle_many(condition: threading.Condition, futures: list[Any], results: lis
             if isinstance(res, BaseException):
                 fut._exception = res
                 fut._state = FINISHED
-                for waiter in fut._waiters:
-                    waiter.add_exception(fut)
+                if fut._w:
+                    for waiter in fut._w:
+                        waiter.add_exception(fut)
             else:
                 fut._result = res
                 fut._state = FINISHED
-                for waiter in fut._waiters:
-                    waiter.add_result(fut)
-            if fut._done_callbacks:
+                if fut._w:
+                    for waiter in fut._w:
+                        waiter.add_result(fut)
+            if fut._cb:
                 with_callbacks.append(fut)
         condition.notify_all()
     for fut in with_callbacks:

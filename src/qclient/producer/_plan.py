@@ -8,7 +8,8 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import QClientError
+import msgspec
+
 from ..protocol.deadline import attempt_deadline_ms
 from ..protocol.wire import WireMessage
 from ..routing.publish_info import MessageQueue, TopicPublishInfo
@@ -31,9 +32,15 @@ PER_MESSAGE_OVERHEAD = 96
 MIN_ATTEMPT = 0.02
 
 
-@dataclass(slots=True, eq=False)
-class Item:
-    """One message in flight: its wire form, route, and where it went last."""
+class Item(msgspec.Struct, gc=False, eq=False):
+    """One message in flight: its wire form, route, and where it went last.
+
+    Not tracked by the cyclic collector (``gc=False``): ``send_async`` keeps one per
+    buffered message, and tracked ones would each make the collector's full passes
+    longer and more frequent. That is safe while no field can lead back to an ``Item``:
+    a send's errors stay in the plan's results, never here (an exception's traceback
+    holds the frames that hold the items).
+    """
 
     index: int  # position in the caller's input
     wire: WireMessage
@@ -42,7 +49,6 @@ class Item:
     #: the caller chose the id: send it to the broker that owns the id (see select_for_id)
     pinned: bool = False
     last_broker: str | None = None
-    error: QClientError | None = None
     #: the message's send span (``_tracing.defer_send``), ended with its result
     trace: Any = None
     #: the delay of the first attempt (ms), once a retry has shortened ``wire.delay_ms``
