@@ -63,8 +63,9 @@ class RemotingCall:
     items: list[Item]
     #: the deliver time each item was sent with, set by ``payload()`` (epoch ms)
     deliver_ms: list[int]
-    #: the item indexes of each request (one for a single send, several for a batch)
-    groups: list[list[int]]
+    #: the item indexes of each request (one for a single send, several for a batch); a
+    #: range, not a list: one object fewer per message for the cyclic collector
+    groups: list[range | list[int]]
     #: ms from the write to the first answer, set by the transports: one request's
     #: latency, what the fault table judges the broker by when a call pipelines several
     first_answer_ms: float | None = None
@@ -72,7 +73,7 @@ class RemotingCall:
     def payload(self) -> list[RemotingCommand]:
         now = time.time_ns() // 1_000_000
         cmds: list[RemotingCommand] = []
-        groups: list[list[int]] = []
+        groups: list[range | list[int]] = []
         immediate: list[int] = []
         deliver = self.deliver_ms
         for i, it in enumerate(self.items):
@@ -81,7 +82,7 @@ class RemotingCall:
             deliver[i] = at
             if at > now:
                 cmds.append(single_request(w, self.broker, at, now))
-                groups.append([i])
+                groups.append(range(i, i + 1))
             else:
                 immediate.append(i)
         # a batch request is one queue of one topic, and all compressed or none (its

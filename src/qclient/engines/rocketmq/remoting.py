@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import itertools
 import struct
-from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -64,15 +63,19 @@ class RemotingProtocolError(Exception):
     """A frame or header that does not follow the remoting protocol."""
 
 
-@dataclass(slots=True)
-class RemotingCommand:
-    """One remoting request or response. ``ext_fields`` values are strings on the wire."""
+class RemotingCommand(msgspec.Struct, gc=False):
+    """One remoting request or response. ``ext_fields`` values are strings on the wire.
+
+    Not tracked by the cyclic collector (``gc=False``: its fields are numbers, strings,
+    bytes and a dict of strings, so it is never part of a cycle): a pipelined connection
+    keeps hundreds in flight, and tracked ones would set off collections.
+    """
 
     code: int
     opaque: int = 0
     flag: int = 0
     remark: str | None = None
-    ext_fields: dict[str, str] = field(default_factory=dict)
+    ext_fields: dict[str, str] = msgspec.field(default_factory=dict)
     body: bytes = b""
     language: str = "PYTHON"
     version: int = VERSION
@@ -88,7 +91,7 @@ class RemotingCommand:
         return bool(self.flag & FLAG_ONEWAY)
 
 
-class SplicedCommand(RemotingCommand):
+class SplicedCommand(RemotingCommand, kw_only=True):
     """A request whose JSON header was encoded ahead but for its ``opaque`` and ``flag``,
     which ``encode`` splices in: ``head`` + opaque + ``mid`` + flag + ``tail``.
 
@@ -98,21 +101,9 @@ class SplicedCommand(RemotingCommand):
     parts: ``ext_fields`` is empty here and ``fields()`` decodes them.
     """
 
-    __slots__ = ("head", "mid", "tail")
-
-    def __init__(self, code: int, head: bytes, mid: bytes, tail: bytes, body: bytes) -> None:
-        """A request of ``code`` with the pre-encoded header parts and ``body``."""
-        self.code = code
-        self.opaque = 0
-        self.flag = 0
-        self.remark = None
-        self.ext_fields = {}
-        self.body = body
-        self.language = "PYTHON"
-        self.version = VERSION
-        self.head = head
-        self.mid = mid
-        self.tail = tail
+    head: bytes
+    mid: bytes
+    tail: bytes
 
     def fields(self) -> dict[str, str]:
         """The extFields the header carries (decoded from the encoded frame)."""

@@ -127,7 +127,7 @@ class SendTemplate:
         """The request of one message: ``props_json`` is its properties as a JSON string."""
         p = self.parts
         tail = b"%b%d%b%d%b%b%b" % (p[0], queue_id, p[1], born_ms, p[2], props_json, p[3])
-        return SplicedCommand(_SEND_V2, self.head, self.mid, tail, body)
+        return SplicedCommand(code=_SEND_V2, head=self.head, mid=self.mid, tail=tail, body=body)
 
 
 def send_template(topic: str, broker: str, sys_flag: int) -> SendTemplate | None:
@@ -197,7 +197,7 @@ def single_request(
             tail = b"%b%d%b%d%b%b%b%b%d%b%b" % (
                 p0, w.queue_id, p1, now, p2, a, mid, b, deliver_ms, c, p3
             )  # fmt: skip
-            return SplicedCommand(_SEND_V2, t.head, t.mid, tail, w.body)
+            return SplicedCommand(code=_SEND_V2, head=t.head, mid=t.mid, tail=tail, body=w.body)
     return t.request(w.queue_id, now, _props_json(w, deliver_ms), w.body)
 
 
