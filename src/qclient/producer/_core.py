@@ -201,15 +201,18 @@ class ProducerCore:
     ) -> Plan:
         """Send ``items``; returns results in input order (a ``QClientError`` per failure).
 
-        ``one_chunk``: the items are already one chunk for one broker, queues assigned
-        (the accumulator's batches): the first round sends them as they are.
+        ``one_chunk``: the items are one broker's batch within ``batch_max_bytes``, queues
+        assigned (the accumulator's batches): the first round sends them as they are, in
+        calls of at most ``max_chunk`` (what ``_calls`` would make of them, without
+        choosing queues again).
         """
         if deadline is None:
             deadline = time.monotonic() + self.cfg.send_timeout
         # The first attempt runs without the retry machinery: most sends need no retry.
         first_attempt = time.monotonic()
-        if one_chunk and len(items) <= self.max_chunk:
-            calls = [self.chunk_call(items, deadline)]
+        if one_chunk:
+            m = self.max_chunk
+            calls = [self.chunk_call(items[i : i + m], deadline) for i in range(0, len(items), m)]
         else:
             calls = self._calls(items, 1, deadline)
         outcomes: list[CallResult] = yield calls
