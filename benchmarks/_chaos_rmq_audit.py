@@ -3,11 +3,16 @@ what a fresh consumer group receives.
 
 RocketMQ stores a re-sent id again (no deduplication by id) and qclient's RocketMQ
 consumer drops an id it returned recently, so a consumer cannot count copies. The
-``RawReader`` pulls every queue of the chaos topic on each group's master from offset 0
-with plain PULL_MESSAGE requests (no offsets committed, nothing dropped): each
-(group, queue, offset) holding an id is one copy. A fresh ``Consumer`` group reads the
-topic meanwhile, as an application would: what it returns is checked against the
-deliver times (never early), and its counters say how many copies it dropped.
+``RawReader`` pulls every queue of the chaos topic on every routed replica of each group
+(master and slave) from offset 0 with plain PULL_MESSAGE requests (no offsets committed,
+nothing dropped): each (group, commit log offset) holding an id is one copy, the same
+record on every replica of the group. Reading each replica's consume queue, not only the
+master's, finds a record that one replica's queue skips: a master that stored messages
+while stopping, its slave already down, can give their queue offsets to other messages
+once restarted (apache/rocketmq#7689), so the replicas' queues differ at those offsets.
+A fresh ``Consumer`` group reads the topic meanwhile, as an application would: what it
+returns is checked against the deliver times (never early), and its counters say how many
+copies it dropped.
 """
 
 from __future__ import annotations
@@ -48,6 +53,10 @@ class Copy:
     fired_ms: int
     born_ms: int
     body_ok: bool
+    #: the record's commit log offset: the same on every replica of the group
+    phys: int = -1
+    #: the replica (address) whose consume queue listed it
+    replica: str = ""
 
 
 @dataclass(slots=True)
@@ -74,13 +83,15 @@ class AuditResult:
 
 
 class RawReader:
-    """Each queue of ``topic`` on each group, read from offset 0 with plain pulls."""
+    """Each queue of ``topic`` on each routed replica of each group, read from offset 0
+    with plain pulls."""
 
     def __init__(self, cluster: RocketMQCluster, result: AuditResult) -> None:
         self.cluster = cluster
         self.result = result
         self.pool = ConnectionPool()
-        self.pos = {(g, q): 0 for g in cluster.replicas for q in range(QUEUES)}
+        #: (group, replica address, queue) -> next offset to read
+        self.pos: dict[tuple[str, str, int], int] = {}
         self.ids: set[str] = set()
 
     def close(self) -> None:
@@ -90,12 +101,11 @@ class RawReader:
         """Pull every queue up to its end once; returns the copies found."""
         route = self.cluster.route(TOPIC, timeout=2.0)
         found = 0
-        for (group, queue), offset in list(self.pos.items()):
-            addrs = route.get(group, {})
-            addr = addrs.get(0) or next(iter(addrs.values()), None)
-            if addr is None:
-                continue  # not routed now: the next round
-            found += self._read_queue(group, queue, offset, addr)
+        for group in self.cluster.replicas:
+            for addr in route.get(group, {}).values():  # a replica not routed now: later
+                for queue in range(QUEUES):
+                    offset = self.pos.get((group, addr, queue), 0)
+                    found += self._read_queue(group, queue, offset, addr)
         self.result.rounds += 1
         return found
 
@@ -146,6 +156,8 @@ class RawReader:
                         fired,
                         m.born_ms,
                         m.body == body_for(mid),
+                        m.commit_log_offset,
+                        addr,
                     )
                 )
                 self.ids.add(mid)
@@ -153,7 +165,7 @@ class RawReader:
             if result.next_offset <= offset:
                 break
             offset = result.next_offset
-        self.pos[(group, queue)] = offset
+        self.pos[(group, addr, queue)] = offset
         return found
 
 
@@ -223,7 +235,7 @@ def describe_consumer(res: AuditResult) -> dict[str, Any]:
         "distinct": len({c.msg_id for c in res.consumed}),
         "duplicates_dropped": dropped,
         "returned_plus_dropped": returned + dropped,
-        "raw_copies": len({(c.group, c.queue, c.offset) for c in res.copies}),
+        "raw_copies": len({(c.group, c.phys) for c in res.copies}),
         "fetched_early_held": stats.get("early", 0),
         "max_early_ms": stats.get("max_early_ms", 0),
         "errors": res.consumer_errors,

@@ -37,6 +37,26 @@ from qclient.engines.rocketmq.local import TIMER_PRECISION_MS
 BY_DESIGN = ("resent_by_caller",)
 
 
+def queue_divergence(copies: list[Copy]) -> list[dict[str, Any]]:
+    """The (group, queue, offset)s whose replicas' consume queues name different records:
+    a queue offset given twice (apache/rocketmq#7689), so each replica skips one of them."""
+    at: dict[tuple[str, int, int], dict[int, set[str]]] = defaultdict(lambda: defaultdict(set))
+    ids: dict[int, str] = {}
+    for c in copies:
+        at[(c.group, c.queue, c.offset)][c.phys].add(c.replica)
+        ids[c.phys] = c.msg_id
+    return [
+        {
+            "group": g,
+            "queue": q,
+            "offset": o,
+            "records": {ids[phys]: sorted(replicas) for phys, replicas in recs.items()},
+        }
+        for (g, q, o), recs in sorted(at.items())
+        if len(recs) > 1
+    ]
+
+
 def _causes(mid: str, copies: list[Copy], ledger: Ledger) -> tuple[Counter[str], int]:
     """Duplicates of one id by cause, and its acknowledgements with no stored copy on
     the group that acknowledged them."""
@@ -66,7 +86,7 @@ def _causes(mid: str, copies: list[Copy], ledger: Ledger) -> tuple[Counter[str],
 
 
 def refired_by_fault(
-    by_id: dict[str, dict[tuple[str, int, int], Copy]], bands: list[Band], ledger: Ledger
+    by_id: dict[str, dict[tuple[str, int], Copy]], bands: list[Band], ledger: Ledger
 ) -> dict[str, int]:
     """The refired copies by the faults on their group (or the NameServer) that were on
     between the first fire and the last (give or take a second): what made the timer fire
@@ -213,10 +233,12 @@ def analyse(
 ) -> dict[str, Any]:
     """The checks and figures of one run on RocketMQ."""
     acked = ledger.acked
-    by_id: dict[str, dict[tuple[str, int, int], Copy]] = defaultdict(dict)
+    # a copy is a record of a group's commit log, whichever replicas' queues listed it
+    by_id: dict[str, dict[tuple[str, int], Copy]] = defaultdict(dict)
     for c in res.copies:
-        by_id[c.msg_id][(c.group, c.queue, c.offset)] = c
+        by_id[c.msg_id][(c.group, c.phys)] = c
     copies = [c for d in by_id.values() for c in d.values()]
+    divergent = queue_divergence(res.copies)
     wrong = sum(not c.body_ok for c in copies)
     # the timer puts a message into its queue when its slot (100 ms) comes up: up to one
     # slot before TIMER_DELIVER_MS; the consumer holds it until then
@@ -306,6 +328,8 @@ def analyse(
         "lost": len(lost),
         "lost_ids_sample": lost[:10],
         "lost_scenarios": lost_scenarios(lost, ledger, bands, monitor)[:10],
+        "queue_offsets_divergent": len(divergent),
+        "queue_offsets_divergent_samples": divergent[:5],
         "acked_copies_missing": missing_copies,
         "acked_copies_recalled_by_producer": recalled,
         "acked_copies_missing_samples": missing_samples,
