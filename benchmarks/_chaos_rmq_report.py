@@ -41,16 +41,16 @@ def queue_divergence(copies: list[Copy]) -> list[dict[str, Any]]:
     """The (group, queue, offset)s whose replicas' consume queues name different records:
     a queue offset given twice (apache/rocketmq#7689), so each replica skips one of them."""
     at: dict[tuple[str, int, int], dict[int, set[str]]] = defaultdict(lambda: defaultdict(set))
-    ids: dict[int, str] = {}
+    ids: dict[tuple[str, int], str] = {}  # a commit log offset is one group's
     for c in copies:
         at[(c.group, c.queue, c.offset)][c.phys].add(c.replica)
-        ids[c.phys] = c.msg_id
+        ids[(c.group, c.phys)] = c.msg_id
     return [
         {
             "group": g,
             "queue": q,
             "offset": o,
-            "records": {ids[phys]: sorted(replicas) for phys, replicas in recs.items()},
+            "records": {ids[(g, phys)]: sorted(replicas) for phys, replicas in recs.items()},
         }
         for (g, q, o), recs in sorted(at.items())
         if len(recs) > 1

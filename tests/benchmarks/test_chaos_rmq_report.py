@@ -31,3 +31,6 @@ def test_a_record_read_on_two_replicas_is_one_copy_and_a_shared_offset_is_report
         }
     ]
     assert queue_divergence(copies[:2]) == []
+    # another group's commit log may hold a record at the same offset: not the same record
+    other = Copy("m9", "broker-a", 1, 7347, 1_000, 1_000, 900, True, 200, a)
+    assert queue_divergence([*copies, other])[0]["records"] == {"m2": [a], "m3": [b]}
