@@ -200,9 +200,9 @@ def test_buffered_sends_cost_the_collector_one_object_each(tmp_path) -> None:
 
 
 def test_failed_sends_leave_no_cycle_behind(tmp_path) -> None:
-    """The errors of failed sends are freed with their futures: an untracked ``Item``
-    never holds an error, whose traceback's frames hold the items (a cycle the
-    collector could not see through)."""
+    """The errors of failed sends are freed with their futures: nothing the send path
+    keeps holds on to them (a cycle through an untracked ``Item`` would, unseen by the
+    collector)."""
     quiet = logging.getLogger("qclient")  # a captured warning's record holds the error
     level = quiet.level
     with LocalCluster(1, data_dir=str(tmp_path), broker_expire=60.0) as c:
