@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from qclient.engines.rocketmq import nameserver
 from qclient.engines.rocketmq.nameserver import REREGISTER_S, _Failover
 from qclient.protocol.wire import BrokerData, QueueData, TopicRoute
 
@@ -25,14 +24,12 @@ class _Clock:
 
 
 @pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> _Clock:
-    c = _Clock()
-    monkeypatch.setattr(nameserver.time, "monotonic", c)
-    return c
+def clock() -> _Clock:
+    return _Clock()
 
 
 def test_first_connection_is_not_young(clock: _Clock) -> None:
-    f = _Failover(["ns1"], 1.0)
+    f = _Failover(["ns1"], 1.0, clock)
     conn = object()
     f.asking("ns1", conn)
     f.asking("ns1", conn)
@@ -40,7 +37,7 @@ def test_first_connection_is_not_young(clock: _Clock) -> None:
 
 
 def test_a_new_connection_makes_routes_partial_for_the_registration_period(clock: _Clock) -> None:
-    f = _Failover(["ns1", "ns2"], 1.0)
+    f = _Failover(["ns1", "ns2"], 1.0, clock)
     f.asking("ns1", object())
     f.asking("ns2", object())
     f.asking("ns1", object())  # reconnected: ns1 may have restarted, ns2 not
@@ -54,7 +51,7 @@ def test_a_new_connection_makes_routes_partial_for_the_registration_period(clock
 
 
 def test_already_partial_routes_stay_so(clock: _Clock) -> None:
-    f = _Failover(["ns1"], 1.0)
+    f = _Failover(["ns1"], 1.0, clock)
     f.asking("ns1", object())
     auto = TopicRoute("t", [], [], auto_create=True, partial=True)
     assert f.young("ns1", auto) is auto

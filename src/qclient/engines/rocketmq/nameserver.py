@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import msgspec
 
@@ -56,12 +56,18 @@ class _NotFound(Exception):
 class _Failover:
     """Which NameServer to ask next, and what an answer means (no I/O)."""
 
-    def __init__(self, addrs: str | Sequence[str], timeout: float) -> None:
+    def __init__(
+        self,
+        addrs: str | Sequence[str],
+        timeout: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.addrs = (addrs,) if isinstance(addrs, str) else tuple(addrs)
         self.timeout = timeout
         self.current = 0
+        self._clock = clock
         self._conns: dict[str, object] = {}  # addr -> the connection last asked
-        self._young_until: dict[str, float] = {}  # addr -> monotonic end of ``partial``
+        self._young_until: dict[str, float] = {}  # addr -> ``clock()`` end of ``partial``
 
     def order(self) -> list[str]:
         n = len(self.addrs)
@@ -76,7 +82,7 @@ class _Failover:
         last = self._conns.get(addr)
         if last is not conn:
             if last is not None:
-                self._young_until[addr] = time.monotonic() + REREGISTER_S
+                self._young_until[addr] = self._clock() + REREGISTER_S
             self._conns[addr] = conn
 
     def young(self, addr: str, route: TopicRoute) -> TopicRoute:
@@ -85,7 +91,7 @@ class _Failover:
         until = self._young_until.get(addr)
         if until is None or route.partial:
             return route
-        if time.monotonic() >= until:
+        if self._clock() >= until:
             del self._young_until[addr]
             return route
         return msgspec.structs.replace(route, partial=True)
