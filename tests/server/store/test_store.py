@@ -22,6 +22,7 @@ from qclient.server.store import (
     StoreError,
     wall_clock_ms,
 )
+from qclient.server.store.cancel import locate
 from qclient.server.store.dedupe import DedupeTable
 
 
@@ -316,25 +317,94 @@ def test_cancel_slow_path_when_id_forgotten(make_store) -> None:
 
 
 def test_cancel_racing_the_firing_thread(make_store) -> None:
-    """Each message is either delivered or reported cancelled, never both, never neither."""
-    s = make_store(bucket_ms=100, load_ahead_ms=50)
-    now = wall_clock_ms() + 100
-    msgs = [msg(i, now + i // 10) for i in range(1000)]
+    """A cancel meets its message at each stage of firing, each stage held open so the
+    interleaving is forced, not hoped for: not yet due (cancelled); popped by the firing
+    thread and being appended (already_fired); and fired and dispatched between the
+    cancel's read of the dispatch log and its decision under the scheduler lock
+    (already_fired: the wheel's dispatch generation makes it read again). Each message is
+    delivered or reported cancelled, never both, never neither."""
+    clock = FakeClock(12_000_000_000)
+    s = make_store(clock=clock, bucket_ms=1000, load_ahead_ms=10_000)
+    n = 1000
+    base = clock.now + 1000
+    msgs = [msg(i, base + i) for i in range(n)]
     res = s.submit(msgs).result(10)
-    order = list(range(1000))
-    random.Random(3).shuffle(order)
+    # due after every message of "t": once it is visible, firing has passed all of them
+    s.submit([NewMessage("end", 0, "end", b"", base + n)]).result(10)
+    wait_until(lambda: s.stats()["wheel_size"] == n + 1)
+    sh = s._sh
+    half = n // 2  # messages 0..half-1 come due at once, the rest stay scheduled
+    late_reader = 7  # a due message whose cancel reads the dispatch log before it is written
+    found = locate(sh, "t", msgs[late_reader].msg_id, res[late_reader].deliver_at_ms)
+    assert found is not None
+    late_pos = found[0]
+
+    # the firing thread pops what is due, then waits inside its step until released
+    popped: list[int] = []
+    in_step, release = threading.Event(), threading.Event()
+    fire = s._firing._fire
+
+    def held_fire(due: list[tuple[int, int, int]], now: int) -> None:
+        popped.append(len(due))
+        in_step.set()
+        assert release.wait(10)
+        fire(due, now)
+
+    s._firing._fire = held_fire  # type: ignore[method-assign]
+    # the late reader's first (unlocked) read of the dispatch log finds nothing; firing is
+    # released only then, and the read returns once the syncer has dispatched the message
+    read_once, contains = threading.Event(), s._files.dlog.contains
+
+    def racing_contains(bucket: int, position: int) -> bool:
+        found = contains(bucket, position)
+        if position == late_pos and not read_once.is_set():
+            assert not found
+            read_once.set()
+            wait_until(lambda: late_pos not in sh.wheel.firing)
+        return found
+
+    s._files.dlog.contains = racing_contains  # type: ignore[method-assign]
+
+    clock.advance(1000 + half - 1)
+    assert in_step.wait(10)
+    assert popped == [half]
     outcomes: dict[str, CancelOutcome] = {}
-    for i in order:
-        outcomes[msgs[i].msg_id] = s.cancel("t", msgs[i].msg_id, res[i].deliver_at_ms).result(10)
+    late = threading.Thread(
+        target=lambda: outcomes.setdefault(
+            msgs[late_reader].msg_id,
+            s.cancel("t", msgs[late_reader].msg_id, res[late_reader].deliver_at_ms).result(10),
+        )
+    )
+    late.start()
+    assert read_once.wait(10)
+    order = [i for i in range(n) if i != late_reader]
+    random.Random(3).shuffle(order)
+    # all decided while the due half is popped and not yet appended (each cancel decides
+    # at the call; its future completes once the tombstone is durable)
+    pending = {msgs[i].msg_id: s.cancel("t", msgs[i].msg_id, res[i].deliver_at_ms) for i in order}
+    release.set()
+    outcomes.update((k, f.result(10)) for k, f in pending.items())
+    late.join(10)
+    assert not late.is_alive()
+
+    by_reason = Counter(o.reason for o in outcomes.values())
+    assert by_reason == {"already_fired": half, None: n - half}
+    assert all(outcomes[m.msg_id].reason == "already_fired" for m in msgs[:half])
     cancelled = {k for k, o in outcomes.items() if o.cancelled}
-    assert {o.reason for o in outcomes.values() if not o.cancelled} <= {"already_fired"}
-    wait_until(lambda: visible(s, "t") == 1000 - len(cancelled), timeout=10)
-    time.sleep(0.1)  # nothing more may show up
+    clock.advance(n)  # every deliver time has passed
+    wait_until(lambda: visible(s, "end") == 1)
+    wait_until(lambda: visible(s, "t") == n - len(cancelled))
     delivered = Counter(f.msg_id for f in pull_all(s, "t"))
-    assert max(delivered.values(), default=1) == 1
+    assert max(delivered.values()) == 1
     assert not cancelled & set(delivered)
     assert cancelled | set(delivered) == {m.msg_id for m in msgs}
-    assert 0 < len(cancelled) < 1000  # the race was actually exercised
+    # and once settled, every message says what became of it
+    asked = {
+        m.msg_id: s.cancel("t", m.msg_id, r.deliver_at_ms) for m, r in zip(msgs, res, strict=True)
+    }
+    again = {k: f.result(10) for k, f in asked.items()}
+    assert {k for k, o in again.items() if o.reason == "already_cancelled"} == cancelled
+    assert {k for k, o in again.items() if o.reason == "already_fired"} == set(delivered)
 
 
 def test_back_pressure_by_bytes_while_the_committer_is_stuck(make_store) -> None:
