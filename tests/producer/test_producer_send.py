@@ -357,3 +357,70 @@ def test_signing_headers_when_keys_given(mock: respx.MockRouter) -> None:
     assert req.headers["X-QC-Access-Key"] == "app1"
     assert len(req.headers["X-QC-Signature"]) == 64
     assert "s3cr3t" not in str(req.headers)
+
+
+def _id_homed_on(broker: str) -> str:
+    from qclient.fault.strategy import id_order
+
+    return next(i for i in (f"pin-{k}" for k in range(1000)) if id_order(i, BROKERS)[0] == broker)
+
+
+def _timeout_then_ok(name: str, timeouts: int):  # type: ignore[no-untyped-def]
+    """A broker that stores what it is sent but whose first ``timeouts`` answers are lost
+    (a read timeout on the client: the attempt may have been stored)."""
+    ok = ok_send(name)
+    seen = [0]
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen[0] += 1
+        if seen[0] <= timeouts:
+            raise httpx.ReadTimeout("answer lost", request=request)
+        return ok(request)
+
+    return handler
+
+
+def test_pinned_id_is_retried_where_its_timed_out_attempt_may_be_stored(
+    mock: respx.MockRouter,
+) -> None:
+    """A caller-chosen id whose attempt timed out goes back to the same broker and queue
+    (which holds or deduplicates the copy), not to its stand-in: nothing to clean up."""
+    mid = _id_homed_on("broker-a")
+    mock.routes["send-broker-a"].mock(side_effect=_timeout_then_ok("broker-a", 1))
+    queues: list[int] = []
+    original = mock.routes["send-broker-a"].side_effect
+
+    def spy(request: httpx.Request) -> httpx.Response:
+        queues.append(decode(request.content, SendRequest, MSGPACK).messages[0].queue_id)
+        return original(request)
+
+    mock.routes["send-broker-a"].mock(side_effect=spy)
+    with producer() as p:
+        r = p.send_delayed("t", b"x", delay=30, msg_id=mid)
+        assert r.broker_name == "broker-a"
+        assert mock.routes["send-broker-b"].call_count == 0
+        assert len(queues) == 2 and queues[0] == queues[1]  # the same queue again
+        assert p._ambiguous.counts["noted"] == 0
+
+
+def test_pinned_id_last_attempt_goes_to_its_next_broker(mock: respx.MockRouter) -> None:
+    """A broker that never answers holds a pinned id for all attempts but the last, which
+    goes to the id's next broker; the possible copy on the first is owed a clean-up."""
+    mid = _id_homed_on("broker-a")
+    mock.routes["send-broker-a"].mock(side_effect=_timeout_then_ok("broker-a", 99))
+    with producer(send_timeout=3.0, retry_times=2) as p:
+        r = p.send_delayed("t", b"x", delay=30, msg_id=mid)
+        assert r.broker_name == "broker-b"
+        assert mock.routes["send-broker-a"].call_count == 2
+        assert p._ambiguous.counts["noted"] == 1
+
+
+def test_pinned_id_refused_is_retried_on_its_next_broker(mock: respx.MockRouter) -> None:
+    """A refused connection stored nothing: the retry goes to the id's next broker."""
+    mid = _id_homed_on("broker-a")
+    mock.routes["send-broker-a"].mock(side_effect=httpx.ConnectError("refused"))
+    with producer() as p:
+        r = p.send_delayed("t", b"x", delay=30, msg_id=mid)
+        assert r.broker_name == "broker-b"
+        assert mock.routes["send-broker-a"].call_count == 1
+        assert p._ambiguous.counts["noted"] == 0

@@ -321,9 +321,15 @@ class ProducerCore:
         groups: dict[str, list[Item]] = {}
         select = self.strategy.select_one_message_queue
         select_for_id = self.strategy.select_for_id
+        # A caller-chosen id whose last attempt may have been stored is retried on that
+        # queue (``Item.stay``), but for the send's last attempt: a copy on a second broker
+        # can fire before the clean-up reaches it (a row due within a second), a retry
+        # there cannot add one; the last attempt goes to the id's next broker, so a hung
+        # broker still costs a send no more than its budget.
+        stay = 1 < attempt < self.cfg.times_total
         for it in pending:
             q = it.queue
-            if q is None or attempt > 1:
+            if q is None or (attempt > 1 and not (stay and it.stay and it.pinned)):
                 # a retry re-randomises the counter and avoids the broker that just failed
                 if it.pinned:
                     q = select_for_id(it.info, it.wire.msg_id, it.last_broker)
@@ -404,8 +410,9 @@ class ProducerCore:
             answers = verdict.answers
             ambiguous = verdict.ambiguous
             if answers is None:
-                if ambiguous:
-                    for it in items:
+                for it in items:
+                    it.stay = bool(ambiguous)
+                    if ambiguous:
                         it.ambiguous += (broker,)
                 assert verdict.error is not None
                 retryable = verdict.outcome is not Outcome.FINAL
@@ -419,7 +426,8 @@ class ProducerCore:
                     if it.ambiguous or (it.pinned and (off or it.last_broker or it.info.lost)):
                         self._note_copies(r, it)
                     continue
-                if isinstance(ambiguous, frozenset) and i in ambiguous:
+                it.stay = isinstance(ambiguous, frozenset) and i in ambiguous
+                if it.stay:
                     it.ambiguous += (broker,)
                 results[it.index] = r  # the result, or the last error of a retried one
                 if i in verdict.retry:

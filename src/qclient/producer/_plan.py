@@ -55,6 +55,11 @@ class Item(msgspec.Struct, gc=False, eq=False):
     first_delay_ms: int | None = None
     #: brokers whose attempt may have stored it anyway (see _ambiguous)
     ambiguous: tuple[str, ...] = ()
+    #: the last attempt failed after its request may have been stored (a timeout, a
+    #: dropped connection): a caller-chosen id is retried on that broker and queue, where
+    #: the copy it may hold makes the retry one copy (qclient deduplicates the id there;
+    #: RocketMQ's consumer drops a key it returned from that queue)
+    stay: bool = False
 
     @property
     def size(self) -> int:
