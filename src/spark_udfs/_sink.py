@@ -7,11 +7,14 @@ Nothing here imports pyspark, so it runs (and is tested) in any Python process.
 
 from __future__ import annotations
 
+import copy
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from qclient._models import Message, MessageBatch, SendResult
@@ -36,8 +39,10 @@ __all__ = [
     "PartitionSender",
     "SinkSchemaError",
     "SinkWriteError",
+    "fix_deliver_times",
     "resembled_column",
     "send_with_retries",
+    "settle_copies",
     "summarize",
 ]
 
@@ -115,6 +120,73 @@ def describe(err: BaseException) -> str:
 Batch = MessageBatch | Sequence[Message]
 
 
+def fix_deliver_times(messages: Batch, now_ms: int | None = None) -> Batch:
+    """``messages`` with each positive relative delay turned into the absolute deliver
+    time it asks for now (epoch ms, rounded up: never early).
+
+    Done once, before a row's first attempt: every re-send of the row then asks for the
+    same time, so a copy an ambiguous attempt left and the acknowledged one fire
+    together and the clean-up that compares them (by id and deliver time) sees one
+    message. A delay recomputed per re-send would be due later by the time the earlier
+    attempts took. Rows with no delay, a deliver time already, or a delay the SDK refuses
+    (negative) are left as they are.
+    """
+    now = -(-time.time_ns() // 1_000_000) if now_ms is None else now_ms
+    if isinstance(messages, MessageBatch):
+        delays = messages.delay_ms
+        if delays is None:
+            return messages
+        given = messages.deliver_at_ms or [None] * len(delays)
+        moved = [d is not None and d > 0 and a is None for d, a in zip(delays, given, strict=True)]
+        if not any(moved):
+            return messages
+        return MessageBatch(
+            messages.topic,
+            messages.bodies,
+            msg_ids=messages.msg_ids,
+            delay_ms=[None if m else d for d, m in zip(delays, moved, strict=True)],
+            deliver_at_ms=[
+                now + d if m and d is not None else a
+                for d, a, m in zip(delays, given, moved, strict=True)
+            ],
+            keys=messages.keys,
+            tags=messages.tags,
+            properties=messages.properties,
+        )
+    out: list[Message] = []
+    for m in messages:
+        delay = m.delay
+        if isinstance(delay, timedelta):
+            delay = delay.total_seconds()
+        if m.deliver_at is None and isinstance(delay, int | float) and delay > 0:
+            m = copy.copy(m)
+            m.delay, m.deliver_at = None, (now + math.ceil(delay * 1000)) / 1000
+        out.append(m)
+    return out
+
+
+def settle_copies(producer: Any, where: str) -> None:
+    """Let the producer cancel the extra copies its ambiguous attempts may have left
+    before the task ends (``Producer.settle``, bounded by its ``send_timeout``): a Spark
+    Python worker may exit right after (``os._exit``: no ``atexit``, no ``close``), and a
+    clean-up still owed then is lost and its copy fires twice. Free when none is owed."""
+    settle = getattr(producer, "settle", None)
+    if settle is None:
+        return
+    try:
+        left = settle()
+    except Exception as exc:  # the task's own outcome matters more than this wait
+        log.warning("%s: settling extra copies failed: %s", where, exc)
+        return
+    if left:
+        log.warning(
+            "%s: %d possible extra copies still owed a clean-up as the task ends "
+            "(their brokers do not answer); they may fire twice",
+            where,
+            left,
+        )
+
+
 def _send_once(producer: Any, batch: Batch) -> list[SendResult | QClientError]:
     """One ``send_batch`` round: an outcome per message, never an exception.
 
@@ -144,9 +216,11 @@ def send_with_retries(
     """Send through ``producer.send_batch``; re-send retryable failures up to ``retries`` times.
 
     Returns one outcome per message in order (a ``SendResult`` or the last error) and the
-    number of re-sent messages. Ids are fixed before the first attempt, so a re-send of a
-    message the broker did store is deduplicated.
+    number of re-sent messages. Ids and deliver times are fixed before the first attempt
+    (``fix_deliver_times``), so a re-send of a message the broker did store is
+    deduplicated, and a copy left elsewhere is due with the acknowledged one.
     """
+    messages = fix_deliver_times(messages)
     outcomes: list[SendResult | QClientError] = [None] * len(messages)  # type: ignore[list-item]
     pending = list(range(len(messages)))
     resent = 0
@@ -404,13 +478,17 @@ class PartitionSender:
         t0 = time.monotonic()
         before = _producer_retries(self.producer)
         in_flight = self.options.max_in_flight
-        if in_flight <= 1:
-            for batch in batches:
-                if batch.num_rows:
-                    first = self._position
-                    self.send(self.messages(batch), first)
-        else:
-            self._write_pipelined(batches, in_flight)
+        try:
+            if in_flight <= 1:
+                for batch in batches:
+                    if batch.num_rows:
+                        first = self._position
+                        self.send(self.messages(batch), first)
+            else:
+                self._write_pipelined(batches, in_flight)
+        finally:
+            # also when the task fails: its worker exits then, with the clean-ups it owes
+            settle_copies(self.producer, f"qclient sink: partition {self.counts.partition_id}")
         after = _producer_retries(self.producer)
         self.counts.retried += max(0, after - before)
         self.counts.seconds = time.monotonic() - t0

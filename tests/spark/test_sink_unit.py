@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import subprocess
 import sys
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -18,6 +19,7 @@ from qclient.errors import (
     BrokerUnavailableError,
     InvalidMessageError,
     QClientError,
+    SendTimeoutError,
 )
 from spark_udfs._ids import IdScope, batch_scope, streaming_scope
 from spark_udfs._options import OptionError, parse_options
@@ -220,10 +222,14 @@ def test_udf_body_sends_each_row_and_reports_per_row(monkeypatch: pytest.MonkeyP
     assert out["error"].isna().all()
     sent = {m.msg_id: m for m in prod.stored.values()}
     assert [sent[i].body for i in out["msg_id"]] == [f"v{i}" for i in range(10)]
-    assert sent[out["msg_id"][0]].delay is None
-    assert [sent[i].delay for i in out["msg_id"][1:]] == [
-        timedelta(milliseconds=d) for d in range(1, 10)
-    ]
+    first = sent[out["msg_id"][0]]
+    assert first.delay is None and first.deliver_at is None
+    # each delay became the time it asks for (epoch s), fixed once before the first attempt
+    now_ms = round(sent[out["msg_id"][1]].deliver_at * 1000) - 1
+    assert [sent[i].delay for i in out["msg_id"][1:]] == [None] * 9
+    assert [round(sent[i].deliver_at * 1000) - now_ms for i in out["msg_id"][1:]] == list(
+        range(1, 10)
+    )
 
 
 # --- column conventions ------------------------------------------------------------
@@ -430,3 +436,64 @@ def test_producer_cache_one_per_configuration() -> None:
     assert p1.closed and p2.closed
     assert _producer_cache.get_producer(one) is not p1  # closed ones are not reused
     _producer_cache.close_all()
+
+
+class TimingOutProducer(ScriptedProducer):
+    """Each message's first send fails retryably (as a send whose attempts timed out),
+    after the time given by ``clock`` moved on; counts ``settle`` calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: dict[str, list[Any]] = {}
+        self.settled = 0
+
+    def send_batch(self, messages: Any) -> list[SendResult]:
+        msgs = list(messages)
+        for m in msgs:
+            self.seen.setdefault(str(m.msg_id), []).append((m.delay, m.deliver_at))
+        first = [m for m in msgs if len(self.seen[str(m.msg_id)]) == 1]
+        if first:
+            time.sleep(0.02)  # the re-send starts later: a relative delay would move
+            err = SendTimeoutError("no answer")
+            raise BatchSendError("timed out", [err] * len(msgs))
+        return super().send_batch(msgs)
+
+    def settle(self, timeout: float | None = None) -> int:
+        self.settled += 1
+        return 0
+
+
+def test_resent_rows_keep_the_deliver_time_of_their_first_attempt() -> None:
+    """A re-sent row asks for the same absolute time as its first attempt: a copy the
+    first attempt may have left fires with the acknowledged one, not a re-send's delay
+    earlier."""
+    prod = TimingOutProducer()
+    sender = _sender(prod, rows_per_send="3", write_retries="2")
+    batch = pa.RecordBatch.from_pydict(
+        {"value": [str(i) for i in range(6)], "delay_ms": [None, 0, 500, 1000, -1, 60_000]}
+    )
+    t0_ms = time.time() * 1000
+    counts = sender.write(iter([batch]))
+    assert (counts.sent, counts.retried) == (6, 6)
+    for mid, attempts in prod.seen.items():
+        assert len(attempts) == 2, mid
+        assert len(set(attempts)) == 1, (mid, attempts)  # the same time in every attempt
+    by_row = {int(m.body): m for m in prod.stored.values()}
+    assert by_row[0].deliver_at is None and by_row[0].delay is None
+    assert by_row[1].deliver_at is None and by_row[1].delay == timedelta(0)
+    # a negative delay stays one (the SDK refuses it, naming the delay)
+    assert by_row[4].deliver_at is None and by_row[4].delay == timedelta(milliseconds=-1)
+    for row, delay in ((2, 500), (3, 1000), (5, 60_000)):
+        assert by_row[row].delay is None
+        assert by_row[row].deliver_at * 1000 >= t0_ms + delay
+
+
+def test_a_partition_settles_its_producers_clean_ups_even_when_it_fails() -> None:
+    prod = TimingOutProducer()
+    batch = pa.RecordBatch.from_pydict({"value": ["a", "b"]})
+    _sender(prod, write_retries="1").write(iter([batch]))
+    assert prod.settled == 1
+    down = TimingOutProducer()
+    with pytest.raises(SinkWriteError):
+        _sender(down, write_retries="0").write(iter([batch]))
+    assert down.settled == 1

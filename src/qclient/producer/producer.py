@@ -350,6 +350,17 @@ class Producer(ProducerBase):
             self._not_from_callback("flush")
             sender.accumulator.flush(timeout)
 
+    def settle(self, timeout: float | None = None) -> int:
+        """Wait until the extra copies that ambiguous attempts may have left so far are
+        cancelled (or found gone), or every one left is on a broker that stopped
+        answering, for up to ``send_timeout`` (or ``timeout``). Returns how many are left.
+
+        A process about to end without ``close`` (a Spark Python worker exits with
+        ``os._exit``, skipping ``atexit``) calls this first: the clean-ups run on this
+        producer's threads and end with the process."""
+        limit = self._cfg.send_timeout if timeout is None else timeout
+        return self._ambiguous.settle(max(0.0, limit))
+
     def close(self, timeout: float | None = None) -> None:
         """Flush, stop the background threads, close connections. Idempotent; every
         ``send_async`` future is completed (result or exception) when it returns. Extra
