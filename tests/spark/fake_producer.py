@@ -148,3 +148,104 @@ class CrashOnceProducer:
 
     def close(self, timeout: float | None = None) -> None:
         self._producer.close(timeout=timeout)
+
+
+class _AnswerLost:
+    """The producer's transport, but the answers to its first ``count`` send calls to
+    ``broker`` are dropped after the broker gave them: the call raises the engine's read
+    timeout instead (httpx.ReadTimeout / TimeoutError), as when an answer comes too late.
+    The broker has stored what it acknowledged; the producer sees an ambiguous attempt."""
+
+    def __init__(self, inner: Any, broker: str, count: int, record: Path) -> None:
+        self._inner = inner
+        self._broker = broker
+        self._left = count
+        self._record = record
+        self._lock = threading.Lock()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def perform(self, call: Any, on_write: Any = None) -> Any:
+        answer = self._inner.perform(call, on_write)
+        if not call.items or call.broker != self._broker:
+            return answer
+        with self._lock:
+            if self._left <= 0:
+                return answer
+            self._left -= 1
+        ids = [it.wire.msg_id for it in call.items]
+        with self._record.open("a") as f:
+            f.write(json.dumps({"broker": call.broker, "ids": ids, "pid": os.getpid()}) + "\n")
+        if hasattr(call, "path"):  # qclient's engine: an HTTP call
+            import httpx
+
+            raise httpx.ReadTimeout("the answer was dropped (test)")
+        raise TimeoutError("the answer was dropped (test)")  # RocketMQ's remoting
+
+
+class HookedProducer:
+    """A real ``qclient.Producer`` with test hooks, each switched on by a file under
+    ``$QCLIENT_FAKE_SINK_DIR`` named after the topic (read once per process and topic):
+
+    - ``lose-<topic>`` = ``"<broker> <n>"``: this process's first ``n`` send calls to
+      that broker are stored there but their answers are dropped (``_AnswerLost``); the
+      calls are listed in ``lost-<topic>.jsonl``;
+    - ``hold-<topic>`` = ``"<rows>"``: once this process has sent that many rows of the
+      topic, it creates ``held-<topic>`` and waits (up to 120 s) for ``go-<topic>``
+      before sending more (a test acts while a write is certainly in progress).
+    """
+
+    def __init__(self, namesrv: str, **kwargs: Any) -> None:
+        from qclient import Producer
+
+        self._producer = Producer(namesrv, **kwargs)
+        self._root = Path(os.environ["QCLIENT_FAKE_SINK_DIR"])
+        self._sent: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._lose_checked: set[str] = set()
+
+    def _hooks(self, topic: str) -> None:
+        with self._lock:
+            if topic in self._lose_checked:
+                return
+            self._lose_checked.add(topic)
+            lose = self._root / f"lose-{topic}"
+            if lose.exists():
+                broker, n = lose.read_text().split()
+                self._producer._http = _AnswerLost(
+                    self._producer._http, broker, int(n), self._root / f"lost-{topic}.jsonl"
+                )
+
+    def _hold(self, topic: str) -> None:
+        import time
+
+        hold = self._root / f"hold-{topic}"
+        if not hold.exists() or self._sent.get(topic, 0) < int(hold.read_text()):
+            return
+        (self._root / f"held-{topic}").touch()
+        deadline = time.monotonic() + 120
+        while not (self._root / f"go-{topic}").exists():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"hold-{topic}: no go-{topic} within 120 s")
+            time.sleep(0.02)
+
+    def send_batch(self, messages: Any) -> list[SendResult]:
+        topic = messages.topic if hasattr(messages, "topic") else next(iter(messages)).topic
+        assert isinstance(topic, str), "HookedProducer: one topic per batch"
+        self._hooks(topic)
+        self._hold(topic)
+        results: list[SendResult] = self._producer.send_batch(messages)
+        with self._lock:
+            self._sent[topic] = self._sent.get(topic, 0) + len(results)
+        return results
+
+    def settle(self, timeout: float | None = None) -> int:
+        left: int = self._producer.settle(timeout)
+        return left
+
+    def stats(self) -> dict[str, Any]:
+        return self._producer.stats()
+
+    def close(self, timeout: float | None = None) -> None:
+        self._producer.close(timeout=timeout)

@@ -365,14 +365,140 @@ def test_pandas_udf_sends_and_returns_ids(
     assert {m.msg_id: m.body.decode() for m in got} == ids
 
 
-# qclient only, for the Spark group's time budget: a broker restart and a 10,000-row write
-# at 10 rows per request fit in it once.
-@qclient_only
-def test_broker_killed_during_batch_write(spark: Any, cluster: LocalCluster, topic: str) -> None:
+def _group_of_two(namesrv: str, topic: str, queues: int) -> list[Any]:
+    """Two members of one group, polled until they hold every one of the topic's
+    ``queues`` queues between them, each its own, for a second on end (both members
+    known to both): from then on no queue moves while both keep polling."""
+    members = [Consumer(namesrv, topic, "two-" + topic) for _ in range(2)]
+    try:
+        steady_since: float | None = None
+        deadline = time.monotonic() + 60
+        while True:
+            for c in members:
+                assert c.poll(100, 0.1) == []  # nothing was sent yet
+            a, b = (set(c.assignment()) for c in members)
+            if a and b and not a & b and len(a | b) == queues:
+                steady_since = steady_since or time.monotonic()
+                if time.monotonic() - steady_since >= 1.0:
+                    return members
+            else:
+                steady_since = None
+            assert time.monotonic() < deadline, f"no steady assignment: {sorted(a)} {sorted(b)}"
+    except BaseException:
+        for c in members:
+            c.close()
+        raise
+
+
+@on_engines
+def test_rows_whose_first_attempt_timed_out_after_being_stored_arrive_once(
+    spark: Any,
+    cluster: LocalCluster,
+    topic: str,
+    record_property: Callable[[str, object], None],
+) -> None:
+    """The answers to each worker's first two send calls to broker-a are lost after
+    broker-a stored the rows (the attempt times out: ``fake_producer.HookedProducer``),
+    so those rows are re-sent while a copy is already stored; a third of the rows are due
+    at once, too soon for any clean-up. A consumer group of two members, holding the
+    queues of the topic between them, receives every row exactly once: the re-sends went
+    back to the queue that holds the copy (qclient's broker keeps one copy of the id;
+    on RocketMQ the member holding that queue drops the second), none to broker-b."""
+    import json
+    import os
+
     from pyspark.sql import functions as F
 
     import spark_udfs
 
+    root = Path(os.environ["QCLIENT_FAKE_SINK_DIR"])
+    victim = cluster.brokers[0].name
+    (root / f"lose-{topic}").write_text(f"{victim} 2")
+    cluster.create_topic(topic, 4)
+    n = 2000
+    df = spark.range(0, n, numPartitions=2).select(
+        F.col("id").cast("string").alias("value"),
+        ((F.col("id") % 3) * 600).alias("delay_ms"),  # now, 0.6 s, 1.2 s
+    )
+    members = _group_of_two(cluster.namesrv, topic, 4 * len(cluster.brokers))
+    got: list[tuple[int, ReceivedMessage]] = []
+    error: list[BaseException] = []
+    t0 = now_ms()
+
+    def run() -> None:
+        try:
+            spark_udfs.activate(spark)  # the thread's active session (see the kill test)
+            _write(
+                df,
+                cluster.namesrv,
+                topic,
+                producer_factory="fake_producer:HookedProducer",
+                rows_per_send=100,
+            ).save()
+        except BaseException as exc:  # reported by the assertion below
+            error.append(exc)
+
+    writer = threading.Thread(target=run, name="spark-write")
+    writer.start()
+    stats: list[dict[str, int]] = []
+    try:
+        deadline = time.monotonic() + 180
+        quiet_until: float | None = None
+        while quiet_until is None or time.monotonic() < quiet_until:
+            for k, c in enumerate(members):
+                got.extend((k, m) for m in poll_stamped(c, 1000, 0.1))
+            done = not writer.is_alive() and (error or len({m.msg_id for _, m in got}) >= n)
+            if quiet_until is None and done:
+                quiet_until = time.monotonic() + 2.0  # then any second copy shows
+            assert time.monotonic() < deadline, f"{len(got)} of {n} rows received"
+        for c in members:
+            stats.append(dict(c.stats()) if hasattr(c, "stats") else {})
+    finally:
+        writer.join(timeout=180)
+        for c in members:
+            c.close()
+    assert error == [], f"the write failed: {error}"
+    lost = [json.loads(line) for line in (root / f"lost-{topic}.jsonl").read_text().splitlines()]
+    lost_ids = {i for call in lost for i in call["ids"]}
+    assert lost and lost_ids, "no answer was lost: nothing was tested"
+    by_id = Counter(m.msg_id for _, m in got)
+    twice = {
+        i: [(k, m.broker_name, m.queue_id, m.offset) for k, m in got if m.msg_id == i]
+        for i, c in by_id.items()
+        if c > 1
+    }
+    assert not twice, f"{len(twice)} ids received twice, e.g. {list(twice.items())[:3]}"
+    assert sorted(int(m.body) for _, m in got) == list(range(n))  # every row, once
+    assert {k for k, _ in got} == {0, 1}  # both members received rows
+    # the copies kept are those the lost answers were for, on the broker that stored them
+    assert {m.broker_name for _, m in got if m.msg_id in lost_ids} == {victim}
+    for _, m in got:
+        assert m.deliver_at_ms >= t0 + (int(m.body) % 3) * 600  # no earlier than asked
+        assert on_time(cluster, m)
+    dropped = sum(s.get("duplicates_dropped", 0) for s in stats)
+    record_property("lost_answers", len(lost_ids))
+    record_property("duplicates_dropped", dropped)
+    print(f"\n{cluster.engine}: {len(lost)} calls lost their answers ({len(lost_ids)} rows)")
+    if cluster.engine == "rocketmq":
+        # RocketMQ stored each of those rows twice, in one queue: its member dropped one
+        assert dropped >= len(lost_ids), (dropped, len(lost_ids))
+
+
+# qclient only, for the Spark group's time budget: a broker restart and a 10,000-row write
+# at 10 rows per request fit in it once.
+@qclient_only
+def test_broker_killed_during_batch_write(spark: Any, cluster: LocalCluster, topic: str) -> None:
+    """The victim broker is killed while the write is certainly in progress: every task
+    process stops before its send once it has 2,000 rows acknowledged (``HookedProducer``'s
+    hold), the victim has stored some of them, it is killed, then the sends go on."""
+    import os
+
+    from pyspark.sql import functions as F
+
+    import spark_udfs
+
+    root = Path(os.environ["QCLIENT_FAKE_SINK_DIR"])
+    (root / f"hold-{topic}").write_text("2000")
     n = 10_000
     victim = cluster.brokers[0]
     df = spark.range(0, n, numPartitions=4).select(F.col("id").cast("string").alias("value"))
@@ -383,30 +509,41 @@ def test_broker_killed_during_batch_write(spark: Any, cluster: LocalCluster, top
             # Spark 4.3 finds Python data sources through the thread's *active* session;
             # a new thread has none (the default session is not enough).
             spark_udfs.activate(spark)
-            _write(df, cluster.namesrv, topic, rows_per_send=10).save()
+            _write(
+                df,
+                cluster.namesrv,
+                topic,
+                rows_per_send=10,
+                producer_factory="fake_producer:HookedProducer",
+            ).save()
         except BaseException as exc:  # reported by the assertion below
             error.append(exc)
 
     writer = threading.Thread(target=run, name="spark-write")
     writer.start()
     try:
-        # Kill once the victim has stored (and fired) some of the rows.
-        with Consumer(cluster.namesrv, topic, "probe-" + topic) as probe:
-            deadline = time.monotonic() + 60
-            while not any(m.broker_name == victim.name for m in probe.poll(100, 0.2)):
-                assert time.monotonic() < deadline, "no row reached the victim"
+        # 2,000 rows acknowledged by two brokers in ids' order: some are the victim's
+        wait_until(
+            lambda: (root / f"held-{topic}").exists() or not writer.is_alive(),
+            120,
+            "a task to hold its write",
+            0.02,
+        )
         alive_at_kill = writer.is_alive()
         victim.kill()
+        (root / f"go-{topic}").touch()
         writer.join(timeout=120)
         assert not writer.is_alive()
     finally:
+        (root / f"go-{topic}").touch()  # a held task never waits past the test
         if not victim.running:
             victim.start()
     assert error == [], f"the write failed: {error}"
-    assert alive_at_kill, "the write finished before the kill: nothing was tested"
+    assert alive_at_kill, "the write ended before its hold: nothing was tested"
     cluster.wait_registered()
     got = drain(cluster.namesrv, topic, lambda ms: len({m.msg_id for m in ms}) >= n)
     assert sorted(int(b) for b in {m.msg_id: m.body for m in got}.values()) == list(range(n))
+    assert victim.name in {m.broker_name for m in got}  # the victim had stored rows
 
 
 # qclient only: the keys are checked by qclient's brokers (their auth file); the RocketMQ
