@@ -9,6 +9,9 @@ import pytest
 
 from qclient import LocalCluster
 
+#: the resource budget: every JVM test in one xdist group, the peak of JVMs reported
+pytest_plugins = ["tests._budget"]
+
 # RocketMQ's JVMs in tests compile with C1 only: the suite's brokers need to start and
 # answer, not to reach peak speed, and C2 compiling for the first minute of every JVM took
 # a core; benchmarks (make bench) run without it
@@ -24,52 +27,55 @@ def shared_cluster() -> Iterator[LocalCluster]:
         yield cluster
 
 
-@pytest.fixture(scope="module")
-def rocketmq_cluster() -> Iterator[LocalCluster]:
-    """A real RocketMQ NameServer and two brokers for a module whose tests stop, kill and
-    pause no broker. Module-scoped on purpose: an idle RocketMQ broker takes a sixth of a
-    core (its timer and store services wake every few ms), so none may outlive its module."""
-    with LocalCluster(brokers=2, engine="rocketmq") as cluster:
-        yield cluster
+class _RocketMQSlot:
+    """The one RocketMQ cluster of the modules that stop, kill and pause no broker: two
+    brokers, started on first use and shared by every such module, so the jvm worker starts
+    it once rather than once a module; stopped before a module starts JVMs of its own, so
+    two clusters are never alive at once (the budget, docs/TESTING.md)."""
+
+    def __init__(self) -> None:
+        self.cluster: LocalCluster | None = None
+
+    def get(self) -> LocalCluster:
+        if self.cluster is None:
+            self.cluster = LocalCluster(brokers=2, engine="rocketmq").start()
+        return self.cluster
+
+    def release(self) -> None:
+        cluster, self.cluster = self.cluster, None
+        if cluster is not None:
+            cluster.stop()
 
 
-#: RocketMQ's long suite: several clusters each (replica groups, kills, Java peers, member
-#: processes, Spark on RocketMQ). ``make test`` runs RocketMQ's protocol, parity, interop,
-#: recall and connection tests (one cluster per module); ``make test-rocketmq`` runs these
-#: too. With all of it, a fresh-clone ``make test`` on this 2-core host took 8:16 to over
-#: 13 min and had 1-3 load-only failures in 4 of 6 runs (peaks of load 17-23: up to four
-#: RocketMQ clusters and a Spark JVM at once), so CI runs the short part.
-ROCKETMQ_FULL_ENV = "QCLIENT_ROCKETMQ_FULL"
-_ROCKETMQ_FULL_MODULES = (
-    "tests/engines/rocketmq/test_local_cluster.py",
-    "tests/engines/rocketmq/test_failover.py",
-    "tests/engines/rocketmq/test_consumer.py",
-    "tests/engines/rocketmq/test_java_peer.py",
-)
-#: single tests of the long suite: RocketMQ's Java consumer reading a burst of 550
-_ROCKETMQ_FULL_TESTS = (
-    "tests/engines/rocketmq/test_interop.py::test_batched_timer_messages_never_reach_java_early",
-)
-#: modules whose [rocketmq] parameter belongs to the long suite (their qclient one does not)
-_ROCKETMQ_FULL_PARAMS = (
-    "tests/integration/test_chaos.py",  # a replicated cluster: five JVMs
-    "tests/integration/test_engines_faults.py",
-    "tests/spark/test_spark_cluster.py",
-)
+@pytest.fixture(scope="session")
+def _rocketmq_slot() -> Iterator[_RocketMQSlot]:
+    slot = _RocketMQSlot()
+    try:
+        yield slot
+    finally:
+        slot.release()
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if os.environ.get(ROCKETMQ_FULL_ENV) == "1":
+@pytest.fixture(scope="module", autouse=True)
+def _one_rocketmq_cluster(request: pytest.FixtureRequest, _rocketmq_slot: _RocketMQSlot) -> None:
+    """Before a module none of whose tests shares the cluster, stop the shared one: the
+    module may start a cluster or a Spark JVM of its own, and an idle RocketMQ broker
+    still takes a sixth of a core (its timer and store services wake every few ms). A
+    module whose fixture asks for ``rocketmq_cluster`` only for its ``[rocketmq]`` tests
+    (``request.getfixturevalue``) says so with ``pytest.mark.shares_rocketmq_cluster``."""
+    if request.node.get_closest_marker("shares_rocketmq_cluster") is not None:
         return
-    skip = pytest.mark.skip(
-        reason=f"RocketMQ's long suite: make test-rocketmq ({ROCKETMQ_FULL_ENV}=1)"
-    )
-    for item in items:
-        nodeid = item.nodeid.split("@", 1)[0]  # without xdist's "@group" suffix
-        path = nodeid.split("::", 1)[0]
-        if (
-            path in _ROCKETMQ_FULL_MODULES
-            or nodeid in _ROCKETMQ_FULL_TESTS
-            or (path in _ROCKETMQ_FULL_PARAMS and "[rocketmq" in nodeid)
-        ):
-            item.add_marker(skip)
+    prefix = request.node.nodeid + "::"
+    if not any(
+        "rocketmq_cluster" in getattr(item, "fixturenames", ())
+        for item in request.session.items
+        if item.nodeid.startswith(prefix)
+    ):
+        _rocketmq_slot.release()
+
+
+@pytest.fixture(scope="module")
+def rocketmq_cluster(_rocketmq_slot: _RocketMQSlot) -> LocalCluster:
+    """A real RocketMQ NameServer and two brokers shared by the modules whose tests stop,
+    kill and pause no broker (each test uses topics and groups of its own)."""
+    return _rocketmq_slot.get()

@@ -41,6 +41,9 @@ class Scenario:
     #: False for a one-off decision experiment (its result is a record in docs/decisions/): the
     #: suite still runs it, ``make test`` does not smoke-run it
     smoke: bool = True
+    #: the JVMs its smoke run starts, "rocketmq" (a cluster, RocketMQ's Java client) or
+    #: "spark": ``make test`` runs it in that group's worker (docs/TESTING.md, the budget)
+    jvm: str | None = None
 
     @property
     def path(self) -> Path:
@@ -65,12 +68,12 @@ SCENARIOS: list[Scenario] = [
     Scenario("recovery_bench", "benchmarks.recovery_bench", 360),
     Scenario("lifecycle_bench", "benchmarks.lifecycle_bench", 600),
     Scenario("chaos_bench", "benchmarks.chaos_bench", 1500, smoke_timeout_s=120),
-    Scenario("spark_bench", "benchmarks.spark_bench", 600, smoke_timeout_s=180),
+    Scenario("spark_bench", "benchmarks.spark_bench", 600, smoke_timeout_s=180, jvm="spark"),
     Scenario("http_stack_bench", "benchmarks.http_stack_bench", 300, smoke=False),
     Scenario("fsync_bench", "benchmarks.fsync_bench", 180, smoke=False),
     Scenario("consume_bench", "benchmarks.consume_bench", 900),  # 3 interleaved rounds per rate
     Scenario("rebalance_bench", "benchmarks.rebalance_bench", 600),
-    Scenario("engines_bench", "benchmarks.engines_bench", 900, smoke_timeout_s=120),
+    Scenario("engines_bench", "benchmarks.engines_bench", 900, smoke_timeout_s=120, jvm="rocketmq"),
     Scenario("retry_bench", "benchmarks.retry_bench", 180),
     # the same on RocketMQ's JVMs: in make bench only (make test smoke-runs the qclient one)
     Scenario(
@@ -81,7 +84,13 @@ SCENARIOS: list[Scenario] = [
         smoke=False,
     ),
     # qclient's producer vs RocketMQ's Java producer: ~6 min, longer on a loaded host
-    Scenario("java_producer_bench", "benchmarks.java_producer_bench", 900, smoke_timeout_s=150),
+    Scenario(
+        "java_producer_bench",
+        "benchmarks.java_producer_bench",
+        900,
+        smoke_timeout_s=150,
+        jvm="rocketmq",
+    ),
     Scenario("peers", "benchmarks.peers", 1200, smoke_timeout_s=120),
 ]
 

@@ -6,6 +6,7 @@ all for real (after `bash benchmarks/setup_peers.sh`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -17,6 +18,7 @@ import pytest
 from benchmarks._suite.runner import SCENARIOS, Scenario, run_scenario, run_suite
 from benchmarks.peers import PEERS, PeerSpec
 from benchmarks.peers.workload import Workload, percentile, run_peer
+from tests._budget import spark_slot
 
 #: run RabbitMQ and Celery too (each takes ~10 s to start and restart)
 ALL_PEERS = os.environ.get("QCLIENT_BENCH_SMOKE_ALL") == "1"
@@ -36,15 +38,20 @@ DURABLE = {
 
 #: chaos_bench --smoke is the ~60 s soak, run and checked by tests/integration/test_chaos.py;
 #: one-off decision experiments (``smoke=False``) are run by hand
-OTHERS = [sc for sc in SCENARIOS if sc.smoke and sc.name not in ("peers", "chaos_bench")]
+OTHERS = [
+    pytest.param(sc, id=sc.name, marks=[pytest.mark.jvm(sc.jvm)] if sc.jvm else [])
+    for sc in SCENARIOS
+    if sc.smoke and sc.name not in ("peers", "chaos_bench")
+]
 
 
-@pytest.mark.parametrize("sc", OTHERS, ids=[sc.name for sc in OTHERS])
+@pytest.mark.parametrize("sc", OTHERS)
 def test_scenario_script_smoke(sc: Scenario, tmp_path: Path) -> None:
     """Each scenario script runs with --smoke --json and ends with one JSON object."""
     if not sc.exists():
         pytest.skip(f"{sc.path.name} not written yet")
-    rec = run_scenario(sc, smoke=True, logs=tmp_path)
+    with spark_slot() if sc.jvm == "spark" else contextlib.nullcontext():
+        rec = run_scenario(sc, smoke=True, logs=tmp_path)
     if rec["status"] == "skipped":
         pytest.skip(f"{sc.name}: {rec['reason']} (convention: benchmarks/README.md)")
     assert rec["status"] == "ok", f"{sc.name}: {rec.get('reason')}"

@@ -50,7 +50,7 @@ TIMEOUT_S = {"qclient": 240, "rocketmq": 480}
             "rocketmq",
             marks=[
                 pytest.mark.slow,
-                pytest.mark.xdist_group("rocketmq"),
+                pytest.mark.jvm,
                 pytest.mark.timeout(600),
                 needs_rocketmq,
             ],

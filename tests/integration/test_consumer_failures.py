@@ -27,7 +27,7 @@ from qclient.consumer._failures import (
 
 from .helpers import engine_topic, now_ms
 
-pytestmark = [pytest.mark.timeout(240), pytest.mark.xdist_group("rocketmq")]
+pytestmark = [pytest.mark.timeout(240), pytest.mark.shares_rocketmq_cluster]
 
 ENGINES = ["qclient", "rocketmq"]
 ROOT = Path(__file__).resolve().parents[2]

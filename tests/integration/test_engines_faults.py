@@ -25,9 +25,9 @@ from qclient.errors import QClientError
 
 from .helpers import check_delivered, drain_ids, engine_topic, wait_until
 
-# the "rocketmq" group: one worker runs its modules one after another, so this module's
-# RocketMQ cluster never runs beside another RocketMQ module's
-pytestmark = [pytest.mark.timeout(300), pytest.mark.xdist_group("rocketmq")]
+# the [rocketmq] tests are in the jvm group (tests/_budget.py): one worker runs them one
+# after another, so this module's RocketMQ cluster never runs beside another module's
+pytestmark = [pytest.mark.timeout(300)]
 
 ENGINES = ["qclient", "rocketmq"]
 #: a group member in its own process (prints ``ready <id>``, then one line per poll)

@@ -19,7 +19,7 @@ from qclient.protocol import wire
 
 from .helpers import drain, duplicates, engine_topic, not_early, now_ms, wait_until
 
-pytestmark = [pytest.mark.timeout(240), pytest.mark.xdist_group("rocketmq")]
+pytestmark = [pytest.mark.timeout(240), pytest.mark.shares_rocketmq_cluster]
 
 QCLIENT = [sys.executable, "-m", "qclient"]
 

@@ -1,4 +1,7 @@
-"""One shared local[2,2] SparkSession for every Spark test (a session costs ~5 s)."""
+"""A local[2,2] SparkSession per module (a session costs ~5 s), holding the host's one
+Spark driver (``spark_slot``, tests/_budget.py): a module that starts Spark processes of its
+own (a standalone cluster, a Connect server, a session of its own) runs with no other
+driver alive, and the Spark tests on RocketMQ (another worker) wait for the slot."""
 
 from __future__ import annotations
 
@@ -8,15 +11,21 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tests._budget import spark_slot
 
 HERE = Path(__file__).resolve().parent
 
 pyspark = pytest.importorskip("pyspark")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     """The session; workers run this interpreter and can import the fake producer."""
+    with spark_slot():
+        yield from _session(tmp_path_factory)
+
+
+def _session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     from pyspark.sql import SparkSession
 
     import spark_udfs
@@ -53,11 +62,30 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
         yield session
     finally:
         session.stop()
+        _stop_gateway()
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def _stop_gateway() -> None:
+    """End the driver's JVM: ``SparkSession.stop`` stops the context but keeps the py4j
+    gateway JVM for the process's next session, which would then also inherit the old
+    session's environment; the JVM exits when its stdin closes (PythonGatewayServer)."""
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    if gateway is None:
+        return
+    gateway.shutdown()
+    proc = getattr(gateway, "proc", None)
+    if proc is not None:
+        proc.stdin.close()
+        proc.wait(60)
+    SparkContext._gateway = None
+    SparkContext._jvm = None
 
 
 @pytest.fixture
@@ -68,11 +96,3 @@ def topic(request: pytest.FixtureRequest) -> str:
 
     name = re.sub(r"[^A-Za-z0-9_]", "_", request.node.name)[:60]
     return f"{name}_{uuid.uuid4().hex[:6]}"
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under pytest-xdist, every Spark test runs in one worker (``--dist loadgroup``):
-    one shared SparkSession and one JVM at a time on a 2-core machine."""
-    for item in items:
-        if HERE in Path(str(item.fspath)).parents:
-            item.add_marker(pytest.mark.xdist_group("spark"))

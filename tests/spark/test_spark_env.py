@@ -8,6 +8,7 @@ import sys
 import textwrap
 
 import pytest
+from tests._budget import spark_slot
 
 pytestmark = pytest.mark.spark
 
@@ -35,9 +36,10 @@ _JOB = textwrap.dedent(
 
 def test_a_spark_session_prints_no_future_warning() -> None:
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
-    proc = subprocess.run(
-        [sys.executable, "-c", _JOB], capture_output=True, text=True, timeout=180, env=env
-    )
+    with spark_slot():
+        proc = subprocess.run(
+            [sys.executable, "-c", _JOB], capture_output=True, text=True, timeout=180, env=env
+        )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "job ok" in proc.stdout
     assert "FutureWarning" not in proc.stderr, proc.stderr[-3000:]

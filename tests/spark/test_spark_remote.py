@@ -30,6 +30,7 @@ from benchmarks._spark_cluster import (
     spark_env,
     spark_home,
 )
+from tests._budget import spark_slot
 from tests.integration.helpers import drain, not_early
 
 from qclient import LocalCluster, ReceivedMessage
@@ -119,7 +120,7 @@ def app(
         str(work / "checkpoint"),
     ]
     if deployment == "standalone":
-        with StandaloneSpark(work / "cluster") as cluster:
+        with spark_slot(), StandaloneSpark(work / "cluster") as cluster:
             argv = [
                 str(spark_home() / "bin" / "spark-submit"),
                 *cluster.submit_args(),
@@ -130,7 +131,7 @@ def app(
             # the driver and the executors import the SDK from the zip only
             run = _run_app(argv, spark_env(), deployment)
     else:
-        with ConnectServer(work / "connect") as server:
+        with spark_slot(), ConnectServer(work / "connect") as server:
             argv = [sys.executable, *args, "--remote", server.url, "--artifact", str(zip_path)]
             # the client imports the SDK as installed; the server's Python workers get the zip
             run = _run_app(argv, dict(os.environ), deployment)

@@ -47,7 +47,7 @@ from ._needs import needs_rocketmq
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.xdist_group("rocketmq"),
+    pytest.mark.jvm,
     needs_rocketmq,
 ]
 

@@ -43,7 +43,7 @@ from qclient.errors import InvalidMessageError
 from ._consumer_helpers import name, wait_for
 from ._needs import needs_rocketmq
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("rocketmq"), needs_rocketmq]
+pytestmark = [pytest.mark.slow, pytest.mark.jvm, needs_rocketmq]
 
 QUEUES = 2  # per broker: 4 in all
 _MEMBER = Path(__file__).with_name("_consumer_member.py")

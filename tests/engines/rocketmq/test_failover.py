@@ -34,9 +34,8 @@ from ._needs import needs_rocketmq
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.timeout(420),
-    # the local-cluster tests' worker runs these too, one module after the other: their
-    # JVMs and these five never run at once on a 2-core host
-    pytest.mark.xdist_group("rocketmq-local-cluster"),
+    # the jvm group: its five JVMs never run beside another test's JVMs on a 2-core host
+    pytest.mark.jvm,
     needs_rocketmq,
 ]
 

@@ -48,7 +48,7 @@ _WHY = java_peer_available()
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.timeout(240),
-    pytest.mark.xdist_group("rocketmq"),
+    pytest.mark.jvm,
     pytest.mark.skipif(_WHY is not None and not os.environ.get("CI"), reason=str(_WHY)),
 ]
 

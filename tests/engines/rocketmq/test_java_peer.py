@@ -28,10 +28,10 @@ from benchmarks._rocketmq_java import (
 
 _WHY = java_peer_available()
 # CI builds the peer in `make setup`: there a missing peer is a failure, not a skip.
-# One xdist worker runs the module, so its one cluster serves both tests.
+# The jvm group's worker runs the module, so its one cluster serves both tests.
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.xdist_group("rocketmq_java_peer"),
+    pytest.mark.jvm,
     pytest.mark.skipif(_WHY is not None and not os.environ.get("CI"), reason=str(_WHY)),
 ]
 

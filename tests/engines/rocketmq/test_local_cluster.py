@@ -41,15 +41,47 @@ from ._needs import needs_rocketmq
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.xdist_group("rocketmq-local-cluster"),
+    pytest.mark.jvm,
     needs_rocketmq,
 ]
 
 
+class _Shared:
+    """The module's two-broker cluster, started on first use; stopped before a test that
+    starts JVMs of its own, so two clusters are never alive at once (docs/TESTING.md)."""
+
+    def __init__(self) -> None:
+        self.cluster: RocketMQCluster | None = None
+
+    def get(self) -> RocketMQCluster:
+        if self.cluster is None:
+            self.cluster = RocketMQCluster(brokers=2).start()
+        return self.cluster
+
+    def stop(self) -> None:
+        cluster, self.cluster = self.cluster, None
+        if cluster is not None:
+            cluster.stop()
+
+
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[RocketMQCluster]:
-    with RocketMQCluster(brokers=2) as c:
-        yield c
+def _shared() -> Iterator[_Shared]:
+    shared = _Shared()
+    try:
+        yield shared
+    finally:
+        shared.stop()
+
+
+@pytest.fixture
+def cluster(_shared: _Shared) -> RocketMQCluster:
+    return _shared.get()
+
+
+@pytest.fixture(autouse=True)
+def _one_cluster_at_a_time(request: pytest.FixtureRequest, _shared: _Shared) -> None:
+    if "cluster" not in request.fixturenames:
+        _shared.stop()
 
 
 def _until(cond: Callable[[], bool], timeout: float, what: str) -> None:

@@ -57,8 +57,8 @@ from ._needs import needs_rocketmq
 
 pytestmark = [
     pytest.mark.slow,
-    # one worker runs the "rocketmq" modules one after another: one such cluster at a time
-    pytest.mark.xdist_group("rocketmq"),
+    # the jvm group: one worker runs the JVM tests one after another, one cluster at a time
+    pytest.mark.jvm,
     needs_rocketmq,
 ]
 

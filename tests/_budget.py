@@ -1,0 +1,246 @@
+"""The suite's resource budget: what may run at once on a 2-core host, and its report.
+
+The rule (docs/TESTING.md): at most one RocketMQ cluster and one Spark driver alive at any
+moment. Every test that starts a JVM is marked ``jvm`` and runs in one of two
+pytest-xdist groups, so one worker runs each group's tests one after another while the
+other workers run the Python-only tests:
+
+- ``rocketmq``: every test that starts RocketMQ JVMs (a NameServer and brokers, RocketMQ's
+  Java client beside them), Spark on RocketMQ included: one cluster at a time;
+- ``spark``: the Spark tests on our engine (a local session, a Connect server, a
+  standalone master and worker).
+
+The two groups' workers share the Spark driver through ``spark_slot`` (a lock file on the
+host), taken by whatever starts Spark, so a Spark test on RocketMQ waits for the other
+worker's module to end rather than run a second driver beside it.
+
+A test states its group with ``pytest.mark.jvm("rocketmq" | "spark")`` (a module's
+``pytestmark``, or one parameter's marks); a test under ``tests/spark/`` is in ``spark``,
+and a ``[rocketmq]`` parameter of a two-engine test in ``rocketmq``, unmarked.
+
+The controller process samples the host's JVMs every 0.2 s for the whole run and prints
+the peak of each kind at the end; more than one RocketMQ NameServer (each cluster has
+exactly one) or Spark driver at once, or a JVM that appears while no JVM test runs, fails
+the run, naming the tests that were running then, so a change that breaks the budget
+cannot land unseen.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import tempfile
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+#: the xdist groups of the tests that start JVMs
+JVM_GROUPS = ("rocketmq", "spark")
+
+#: the folder whose every test starts Spark (or shares a module's session)
+_SPARK_DIR = "tests/spark/"
+
+#: the limits: each RocketMQ cluster has one NameServer; each Spark deployment one driver
+LIMITS = {"rocketmq-namesrv": 1, "spark-driver": 1}
+
+#: the host-wide lock that the one Spark driver holds (both JVM workers start Spark)
+SPARK_LOCK = Path(tempfile.gettempdir()) / "qclient-tests-spark.lock"
+
+_SAMPLE_S = 0.2
+
+
+def jvm_group(item: pytest.Item) -> str | None:
+    """The JVM group of ``item`` (see the module's docstring), or None: no JVM."""
+    nodeid = item.nodeid.split("@", 1)[0]
+    if "[rocketmq" in nodeid:
+        return "rocketmq"
+    mark = item.get_closest_marker("jvm")
+    if mark is not None:
+        group = mark.args[0] if mark.args else "rocketmq"
+        if group not in JVM_GROUPS:
+            raise pytest.UsageError(f"{nodeid}: pytest.mark.jvm({group!r}): not in {JVM_GROUPS}")
+        return str(group)
+    return "spark" if nodeid.startswith(_SPARK_DIR) else None
+
+
+@contextlib.contextmanager
+def spark_slot() -> Iterator[None]:
+    """Hold the host's one Spark driver while the block runs (waits for the holder)."""
+    with SPARK_LOCK.open("a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):  # the controller (or a run without xdist)
+        sampler = JvmSampler(grouped=config.getoption("dist", "no") == "loadgroup")
+        config.stash[_SAMPLER] = sampler
+        sampler.start()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Put every JVM test in its group, ahead of any group a module names (the closest
+    ``xdist_group`` mark is the one pytest-xdist reads); mark it ``jvm``, so that
+    ``-m "not jvm"`` leaves it out."""
+    for item in items:
+        group = jvm_group(item)
+        if group is not None:
+            if item.get_closest_marker("jvm") is None:
+                item.add_marker(pytest.mark.jvm(group))
+            item.add_marker(pytest.mark.xdist_group(group), append=False)
+
+
+def pytest_runtest_logstart(nodeid: str, location: tuple[str, int | None, str]) -> None:
+    sampler = _current
+    if sampler is not None:
+        with sampler.lock:
+            sampler.running.add(nodeid)
+
+
+def pytest_runtest_logfinish(nodeid: str, location: tuple[str, int | None, str]) -> None:
+    sampler = _current
+    if sampler is not None:
+        with sampler.lock:
+            sampler.running.discard(nodeid)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    sampler = session.config.stash.get(_SAMPLER, None)
+    if sampler is None:
+        return
+    sampler.stop()
+    if sampler.over_budget() and session.exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    sampler = terminalreporter.config.stash.get(_SAMPLER, None)
+    if sampler is None:
+        return
+    for line in sampler.report():
+        terminalreporter.write_line(line)
+
+
+def _kind(cmdline: str) -> str:
+    """What a JVM is, from its command line."""
+    if "NamesrvStartup" in cmdline:
+        return "rocketmq-namesrv"
+    if "BrokerStartup" in cmdline:
+        return "rocketmq-broker"
+    if "ControllerStartup" in cmdline:
+        return "rocketmq-controller"
+    if "org.apache.spark.deploy.SparkSubmit" in cmdline:
+        # a local session's or an application's driver, or a Connect server (its own driver)
+        return "spark-driver"
+    if "org.apache.spark" in cmdline:
+        return "spark-other"  # standalone master and worker, executors
+    if "qclient-java-peer" in cmdline:
+        return "java-peer"
+    return "other"
+
+
+def _jvms() -> dict[int, str]:
+    """The JVMs alive on the host now: pid -> kind (read from /proc)."""
+    kinds: dict[int, str] = {}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip() != "java":
+                continue
+            raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        kinds[int(pid)] = _kind(raw.replace(b"\0", b" ").decode(errors="replace"))
+    return kinds
+
+
+@dataclass
+class JvmSampler:
+    """Samples the host's JVMs and load in a daemon thread; keeps the peaks."""
+
+    peak: Counter[str] = field(default_factory=Counter)
+    peak_total: int = 0
+    peak_load: float = 0.0
+    #: kind -> (count, the tests running when it was first seen over its limit)
+    over: dict[str, tuple[int, list[str]]] = field(default_factory=dict)
+    running: set[str] = field(default_factory=set)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+    #: whether tests carry xdist's ``@group`` suffix (``--dist loadgroup``)
+    grouped: bool = False
+    #: JVMs that appeared while no test of the jvm group was running: kind -> tests
+    strays: dict[str, list[str]] = field(default_factory=dict)
+    _seen: set[int] = field(default_factory=set)
+
+    def start(self) -> None:
+        global _current
+        _current = self
+        if not os.path.isdir("/proc"):
+            return
+        self._thread = threading.Thread(target=self._run, name="jvm-sampler", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(_SAMPLE_S):
+            self.sample()
+
+    def sample(self) -> None:
+        jvms = _jvms()
+        kinds = Counter(jvms.values())
+        self.peak_total = max(self.peak_total, len(jvms))
+        with self.lock:
+            running = sorted(self.running)
+        for pid in jvms.keys() - self._seen:
+            if jvms[pid] == "other":  # `java -version` probes, Maven: not a test's JVM
+                continue
+            if self.grouped and not any(t.rsplit("@", 1)[-1] in JVM_GROUPS for t in running):
+                self.strays.setdefault(jvms[pid], running)
+        self._seen = set(jvms)
+        for kind, n in kinds.items():
+            self.peak[kind] = max(self.peak[kind], n)
+            limit = LIMITS.get(kind)
+            if limit is not None and n > limit and kind not in self.over:
+                self.over[kind] = (n, running)
+        self.peak_load = max(self.peak_load, os.getloadavg()[0])
+
+    def over_budget(self) -> bool:
+        return bool(self.over or self.strays)
+
+    def report(self) -> list[str]:
+        kinds = ", ".join(f"{k} {n}" for k, n in sorted(self.peak.items())) or "none"
+        lines = [
+            f"JVM budget: peak {self.peak_total} JVMs at once ({kinds}); "
+            f"peak 1-min load {self.peak_load:.1f} on {os.cpu_count()} cores",
+        ]
+        for kind, (n, tests) in sorted(self.over.items()):
+            lines.append(
+                f"JVM budget exceeded: {n} {kind} at once (limit {LIMITS[kind]}) "
+                f"while running: {', '.join(tests) or 'no test (a fixture)'}"
+            )
+        for kind, tests in sorted(self.strays.items()):
+            lines.append(
+                f"JVM budget: a {kind} started while no JVM test ran; running: "
+                f"{', '.join(tests) or 'no test (a fixture)'}; mark the test jvm"
+            )
+        return lines
+
+
+_SAMPLER = pytest.StashKey[JvmSampler]()
+#: the controller's sampler, for the log hooks (they get no config)
+_current: JvmSampler | None = None
