@@ -75,9 +75,16 @@ def java_peer_available() -> str | None:
 
 
 def _run(
-    subcommand: str, args: Sequence[str], timeout_s: float, jvm: Sequence[str], ok_codes: set[int]
+    subcommand: str,
+    args: Sequence[str],
+    timeout_s: float,
+    jvm: Sequence[str],
+    ok_codes: set[int],
+    out_path: Path | None = None,
 ) -> list[dict[str, Any]]:
-    """Run ``Main subcommand args`` and return its JSON lines; kill it after ``timeout_s``."""
+    """Run ``Main subcommand args`` and return its JSON lines; kill it after ``timeout_s``.
+    With ``out_path`` its stdout goes to that file as it prints (``read_lines`` reads what
+    is there so far)."""
     why = java_peer_available()
     if why is not None:
         raise JavaPeerError(why)
@@ -96,8 +103,12 @@ def _run(
             *args,
         ]
         err_path = Path(home) / "stderr.log"
-        with open(err_path, "wb") as err:
-            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, cwd=home)
+        with (
+            open(err_path, "wb") as err,
+            open(out_path, "wb") if out_path else contextlib.nullcontext() as out_file,
+        ):
+            stdout = out_file if out_file is not None else subprocess.PIPE
+            proc = subprocess.Popen(cmd, stdout=stdout, stderr=err, cwd=home)
             try:
                 out, _ = proc.communicate(timeout=timeout_s)
             except subprocess.TimeoutExpired:
@@ -111,7 +122,19 @@ def _run(
             raise JavaPeerError(
                 f"java peer {subcommand} exited {proc.returncode}; stderr tail:\n{_tail(err_path)}"
             )
+    if out_path is not None:
+        return read_lines(out_path)
     return [json.loads(line) for line in out.decode().splitlines() if line.startswith("{")]
+
+
+def read_lines(path: Path) -> list[dict[str, Any]]:
+    """The whole JSON lines a peer has printed into ``path`` so far."""
+    text = path.read_text() if path.exists() else ""
+    return [
+        json.loads(ln)
+        for ln in text.splitlines(keepends=True)
+        if ln.endswith("\n") and ln.startswith("{")
+    ]
 
 
 def _tail(path: Path, lines: int = 30) -> str:
@@ -137,11 +160,15 @@ def run_consume(
     timeout_s: float,
     tags: str | None = None,
     settle_s: float | None = None,
+    stop_file: Path | None = None,
+    out_path: Path | None = None,
 ) -> list[dict[str, Any]]:
     """The messages a clustering Java consumer of ``group`` reads from the first offset of
     ``topic``, stopping at ``count`` (possibly a few more: the last pull batch is reported
     whole), ``settle_s`` after it when given (so copies beyond the count show up too), or
-    after ``timeout_s`` (possibly fewer). Each is a dict with uniqKey, msgId (the broker's
+    after ``timeout_s`` (possibly fewer), or once ``stop_file`` exists: with ``out_path``, a
+    caller reads the lines as they come (``read_lines``) and creates ``stop_file`` when it
+    has seen enough. Each is a dict with uniqKey, msgId (the broker's
     offset id), topic, tags, keys, body_b64, properties, bornTimestamp, storeTimestamp,
     receivedMs, queueId, queueOffset, brokerName and reconsumeTimes. Duplicates are kept."""
     args = _flags(
@@ -152,8 +179,9 @@ def run_consume(
         timeout_ms=int(timeout_s * 1000),
         tags=tags,
         settle_ms=None if settle_s is None else int(settle_s * 1000),
+        stop_file=stop_file,
     )
-    lines = _run("consume", args, timeout_s + _SLACK_S, _QUICK_JVM, {0})
+    lines = _run("consume", args, timeout_s + _SLACK_S, _QUICK_JVM, {0}, out_path)
     if not lines or not lines[-1].get("done"):
         raise JavaPeerError("java peer consume printed no final line")
     return lines[:-1]

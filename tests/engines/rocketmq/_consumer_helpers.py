@@ -220,15 +220,3 @@ def send_batch_raw(
     with Connection(cluster.brokers[0].addr) as conn:
         answer = conn.call(request(RequestCode.SEND_BATCH_MESSAGE, header, one), 10)
     assert answer.code == 0, answer.remark
-
-
-def drain_some(c: RocketMQConsumer, ids: set[str], quiet: float) -> list[Any]:
-    """Poll until nothing new came for ``quiet`` s (others read the rest of ``ids``)."""
-    out: list[Any] = []
-    last = time.monotonic()
-    while time.monotonic() - last < quiet:
-        batch = [m for m in c.poll(64, 0.5) if m.msg_id in ids]
-        if batch:
-            out += [(m, time.time_ns() // 1_000_000) for m in batch]
-            last = time.monotonic()
-    return out

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from benchmarks._rocketmq_java import java_peer_available, run_consume
+from benchmarks._rocketmq_java import java_peer_available, read_lines, run_consume
 
 from qclient import Message, Producer
 from qclient.consumer import allocate_averagely
@@ -34,7 +34,6 @@ from qclient.errors import ConsumerClosedError, NameServerUnavailableError
 from ._consumer_helpers import (
     Member,
     drain,
-    drain_some,
     name,
     pct,
     send,
@@ -342,16 +341,23 @@ def test_consumer_dropped_unclosed_leaves_the_group(cluster: RocketMQCluster) ->
 
 
 @pytest.mark.skipif(java_peer_available() is not None, reason=str(java_peer_available()))
-def test_java_consumer_shares_the_group(cluster: RocketMQCluster) -> None:
+def test_java_consumer_shares_the_group(cluster: RocketMQCluster, tmp_path: Path) -> None:
     """RocketMQ's own DefaultLitePullConsumer and ours in one group: the queues split
     between them, each message read by one."""
     topic, group = _topic(cluster), name("g")
     java: list[dict[str, Any]] = []
     errors: list[BaseException] = []
+    # the Java consumer prints each message as it reads it, and stops once the stop file is
+    # there: the test stops it when the two members together have read every message
+    out, stop = tmp_path / "java.jsonl", tmp_path / "stop"
 
     def run_java() -> None:
         try:
-            java.extend(run_consume(cluster.namesrv_addr, topic, group, 10**6, timeout_s=40))
+            java.extend(
+                run_consume(
+                    cluster.namesrv_addr, topic, group, 10**6, 90, stop_file=stop, out_path=out
+                )
+            )
         except BaseException as exc:
             errors.append(exc)
 
@@ -365,8 +371,19 @@ def test_java_consumer_shares_the_group(cluster: RocketMQCluster) -> None:
             wait_for(lambda: c.assignment() == share, 10, "ours gives the Java one its share")
             retried: set[str] = set()
             sent = set(send(cluster, topic, 400, retried=retried))
-            ours = [m.msg_id for m, _ in drain_some(c, sent, 20)]
+            ours: list[str] = []
+
+            def everything_read() -> bool:
+                ours.extend(m.msg_id for m in c.poll(64, 0.2) if m.msg_id in sent)
+                return set(ours) | {m["uniqKey"] for m in read_lines(out)} >= sent
+
+            wait_for(everything_read, 60, "the two members to read every message")
+            # a copy read twice would come soon after: a short settle on our side
+            settle = time.monotonic() + 2.0
+            while time.monotonic() < settle:
+                ours.extend(m.msg_id for m in c.poll(64, 0.2) if m.msg_id in sent)
         finally:
+            stop.touch()
             peer.join(80)
     assert not errors, errors
     theirs = [m["uniqKey"] for m in java]

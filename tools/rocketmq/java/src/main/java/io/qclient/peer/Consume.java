@@ -1,5 +1,7 @@
 package io.qclient.peer;
 
+import java.nio.file.Files;
+import java.nio.file.Path;
 import java.util.Base64;
 import java.util.LinkedHashMap;
 import java.util.List;
@@ -18,12 +20,13 @@ import org.apache.rocketmq.common.message.MessageExt;
  * count may exceed N by part of one pull batch; nothing consumed goes unreported) or at
  * {@code --timeout-ms}. With {@code --settle-ms} it goes on polling that long after the count,
  * so copies beyond it (duplicates, messages never acknowledged) show up too; it does not
- * drop a unique key it has already printed.
+ * drop a unique key it has already printed. With {@code --stop-file PATH} it also stops (and
+ * commits) once that file exists: a caller that watches the lines decides when it has enough.
  */
 final class Consume {
     private static final Set<String> FLAGS =
             Set.of("namesrv", "topic", "group", "count", "timeout-ms", "tags", "pull-batch-size",
-                    "settle-ms");
+                    "settle-ms", "stop-file");
 
     private Consume() {}
 
@@ -33,6 +36,7 @@ final class Consume {
         long count = a.num("count", 1);
         long timeoutMs = a.num("timeout-ms", 30_000);
         long settleMs = a.num("settle-ms", 0);
+        String stopFile = a.str("stop-file", null);
         DefaultLitePullConsumer consumer = new DefaultLitePullConsumer(a.required("group"));
         Main.configure(consumer, a.required("namesrv"));
         consumer.setConsumeFromWhere(ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET);
@@ -45,6 +49,9 @@ final class Consume {
         try {
             long settleUntil = -1;
             while (true) {
+                if (stopFile != null && Files.exists(Path.of(stopFile))) {
+                    break;
+                }
                 if (n >= count) {
                     if (settleMs <= 0) {
                         break;

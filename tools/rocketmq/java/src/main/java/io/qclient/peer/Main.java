@@ -16,6 +16,7 @@ import org.apache.rocketmq.client.ClientConfig;
  *
  * <pre>
  * consume --namesrv H:P --topic T --group G --count N --timeout-ms MS [--tags EXPR]
+ *         [--settle-ms MS] [--stop-file PATH]
  * produce --namesrv H:P --topic T --count N [--delay-ms D] [--deliver-at-ms A] [--tags T]
  *         [--keys K] [--prop k=v ...] [--body TEXT] [--group G]
  * bench   --namesrv H:P --topic T --mode one-call|threads|async|faults --count N ...
