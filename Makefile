@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 # Re-install only when pyproject.toml changes.
 SIG    := $(shell cksum < pyproject.toml | cut -d' ' -f1)
 
-.PHONY: setup demo test test-rocketmq lint bench clean
+.PHONY: setup demo test test-quick flake-hunt lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,23 +26,36 @@ setup: $(VENV)/.full-$(SIG)
 demo: $(VENV)/.core-$(SIG)
 	$(BIN)/qclient demo
 
-## test: the whole suite (what CI runs), three workers: most tests wait on real delays,
-## timeouts and processes, not on the CPU. Tests of one xdist_group share a worker: the
-## Spark tests one Spark JVM, each RocketMQ module its cluster (pytest<9: see pyproject).
+## test: the whole suite (what CI runs), RocketMQ's fault tests and Spark included, on three
+## workers: most tests wait on real delays, timeouts and processes, not on the CPU. Every
+## test that starts a JVM (RocketMQ, its Java client, Spark) is in one xdist group, so one
+## worker runs them one after another: at most one RocketMQ cluster and one Spark deployment
+## at a time, and the run fails if the sampler sees more (tests/_budget.py, docs/TESTING.md).
 ## A crashed worker is not replaced: pytest-xdist 3.8's loadgroup scheduler can wait
 ## forever for a replacement's work (pytest-dev/pytest-xdist#1323, #1378), so a crash
-## must end the run as a failure naming the test, not hang it.
+## must end the run as a failure naming the test, not hang it. The JUnit report feeds
+## `make flake-hunt HEAVIEST=K`.
+PYTEST_SUITE := -q -n 3 --dist loadgroup --max-worker-restart=0
 test: setup
-	$(BIN)/python -m pytest -q -n 3 --dist loadgroup --max-worker-restart=0
+	$(BIN)/python -m pytest $(PYTEST_SUITE) --junitxml=build/test-report.xml
 
-## test-rocketmq: the same with RocketMQ's long tests too (replica groups and failover,
-## kills, Java peers, member processes, Spark on RocketMQ; tests/conftest.py says why apart)
-test-rocketmq: setup
-	QCLIENT_ROCKETMQ_FULL=1 $(BIN)/python -m pytest -q -n 3 --dist loadgroup --max-worker-restart=0
+## test-quick: the inner loop: every test that starts no JVM (no Java needed), under two
+## minutes; never instead of `make test`
+test-quick: $(VENV)/.full-$(SIG)
+	$(BIN)/python -m pytest $(PYTEST_SUITE) -m "not jvm and not slow"
+
+## flake-hunt: repeat test modules N times beside a busy core and print failures per test:
+## make flake-hunt N=10 HEAVIEST=10 (the ten heaviest modules of the last make test), or
+## make flake-hunt N=5 TESTS="tests/consumer/test_groups.py"
+N ?= 10
+HEAVIEST ?= 0
+TESTS ?=
+flake-hunt: setup
+	$(BIN)/python tools/flake_hunt.py --repeat $(N) --heaviest $(HEAVIEST) $(TESTS)
 
 lint: setup
-	$(BIN)/ruff check src tests benchmarks examples
-	$(BIN)/ruff format --check src tests benchmarks examples
+	$(BIN)/ruff check src tests benchmarks examples tools
+	$(BIN)/ruff format --check src tests benchmarks examples tools
 	$(BIN)/mypy
 
 ## bench: the benchmark suite, peers included, and its report (benchmarks/results/)
