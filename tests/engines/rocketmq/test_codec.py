@@ -350,6 +350,7 @@ def _call(sock: socket.socket, dec: FrameDecoder, cmd: RemotingCommand) -> Remot
     raise TimeoutError(f"no response to code {cmd.code}")
 
 
+@pytest.mark.jvm("rocketmq")  # a real NameServer JVM
 def test_real_namesrv_unknown_topic(namesrv: tuple[str, int]) -> None:
     with socket.create_connection(namesrv, timeout=10) as sock:
         req = request(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "codec-no-such-topic"})
@@ -359,6 +360,7 @@ def test_real_namesrv_unknown_topic(namesrv: tuple[str, int]) -> None:
     assert "codec-no-such-topic" in (resp.remark or "")
 
 
+@pytest.mark.jvm("rocketmq")  # a real NameServer JVM
 def test_real_namesrv_route_both_styles(namesrv: tuple[str, int]) -> None:
     """A broker entry registered on this connection (REGISTER_BROKER, as a broker does; the
     NameServer drops it when the connection closes); its route fetched as standard JSON

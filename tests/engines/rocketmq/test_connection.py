@@ -49,10 +49,13 @@ OK = 30.0
 LONG = 60.0
 _JVM_FLAGS = ["-Xms128m", "-Xmx128m", "-XX:+UseSerialGC"]
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("java") is None or not any(LIB.glob("rocketmq-namesrv-*.jar")),
-    reason="needs java and the RocketMQ jars in tools/rocketmq/lib",
-)
+pytestmark = [
+    pytest.mark.skipif(
+        shutil.which("java") is None or not any(LIB.glob("rocketmq-namesrv-*.jar")),
+        reason="needs java and the RocketMQ jars in tools/rocketmq/lib",
+    ),
+    pytest.mark.jvm("rocketmq"),  # real NameServer JVMs
+]
 
 _LOGBACK = """<configuration>
   <appender name="F" class="ch.qos.logback.core.FileAppender">
