@@ -4,6 +4,7 @@ as Spark hands them over, schema errors, re-sends, a failing task, the foreachBa
 from __future__ import annotations
 
 import logging
+import time
 from datetime import UTC, datetime
 from typing import Any
 
@@ -38,7 +39,9 @@ def test_batch_write_every_column(spark: Any, topic: str) -> None:
         F.lit("tagA").alias("tags"),
         F.create_map(F.lit("n"), F.col("id").cast("string")).alias("properties"),
     )
+    t0 = time.time()
     _writer(df, topic).save()
+    t1 = time.time()
     sent = fake_sent(topic)
     assert len(sent) == 3000
     assert len({m["msg_id"] for m in sent}) == 3000
@@ -48,8 +51,9 @@ def test_batch_write_every_column(spark: Any, topic: str) -> None:
         assert m["key"] == f"k{n}" and m["tags"] == "tagA" and m["properties"] == {"n": str(n)}
         if n % 2 == 0:
             assert m["deliver_at"] == at.timestamp() and m["delay"] is None
-        else:
-            assert m["delay"] == n * 10 / 1000 and m["deliver_at"] is None
+        else:  # the delay became the time it asks for, before the row's first attempt
+            assert m["delay"] is None
+            assert t0 + n * 10 / 1000 <= m["deliver_at"] <= t1 + n * 10 / 1000 + 0.001
     assert {m["broker"] for m in sent} == {"fake-a", "fake-b"}
 
 
@@ -161,11 +165,15 @@ def test_foreach_batch_helper(spark: Any, topic: str) -> None:
     df = spark.range(0, 500, numPartitions=2).select(
         F.col("id").cast("string").alias("value"), F.lit(100).cast("long").alias("delay_ms")
     )
+    t0 = time.time()
     write(df, 7)
     write(df, 7)  # a replayed batch: the same ids again
+    t1 = time.time()
     sent = fake_sent(topic)
     assert len(sent) == 1000 and len({m["msg_id"] for m in sent}) == 500
-    assert all(m["delay"] == 0.1 for m in sent)
+    # each delay became the time it asks for, fixed before the row's first attempt
+    assert all(m["delay"] is None for m in sent)
+    assert all(t0 + 0.1 <= m["deliver_at"] <= t1 + 0.101 for m in sent)
 
 
 def test_foreach_batch_ids_follow_the_query_id(spark: Any, topic: str, tmp_path: Any) -> None:
