@@ -176,14 +176,18 @@ def test_dedupe_count_bound(make_store) -> None:
 
 
 def test_cancel_before_fire_and_states(make_store) -> None:
-    s = make_store(fsync=True)
-    now = wall_clock_ms()
+    # a fake clock: "before fire" holds however long the submit's fsync and the cancels
+    # take on a loaded host (a real 400 ms could pass before the first cancel)
+    clock = FakeClock(13_000_000_000)
+    s = make_store(clock=clock, fsync=True)
+    now = clock.now
     res = s.submit([msg(0, now + 400), msg(1, now + 400), msg(2, now + 86_400_000)]).result(10)
     assert s.cancel("t", "m0", res[0].deliver_at_ms).result(10) == CancelOutcome(True, None)
     assert s.cancel("t", "m0", res[0].deliver_at_ms).result(10).reason == "already_cancelled"
     assert s.cancel("t", "m2", res[2].deliver_at_ms).result(10).cancelled  # unloaded bucket
     assert s.cancel("t", "zz", now).result(10).reason == "not_found"
     assert s.cancel("other", "m1", res[1].deliver_at_ms).result(10).reason == "not_found"
+    clock.advance(400)
     wait_until(lambda: visible(s, "t") == 1)
     assert [f.msg_id for f in pull_all(s, "t")] == ["m1"]
     assert s.cancel("t", "m1", res[1].deliver_at_ms).result(10).reason == "already_fired"
