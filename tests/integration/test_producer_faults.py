@@ -19,7 +19,12 @@ def _requests(p: Producer, broker: str) -> int:
 
 
 def test_kill9_one_broker_while_sending(tmp_path) -> None:
-    with LocalCluster(2, data_dir=str(tmp_path)) as c, Producer(c.namesrv) as p:
+    # a generous budget: a killed broker refuses at once (its cost is not time), and the
+    # errors counted below must be the kill's, not a loaded host's slow answers
+    with (
+        LocalCluster(2, data_dir=str(tmp_path)) as c,
+        Producer(c.namesrv, send_timeout=30.0) as p,
+    ):
         victim = c.brokers[0]
         acked: dict[str, bytes] = {}
         errors: list[QClientError] = []
