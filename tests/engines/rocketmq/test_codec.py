@@ -23,6 +23,7 @@ from qclient.engines.rocketmq.codes import (
     is_ambiguous_code,
     send_outcome,
 )
+from qclient.engines.rocketmq.local.runtime import JVM_OPTS_ENV
 from qclient.engines.rocketmq.remoting import (
     MAX_FRAME,
     VERSION,
@@ -308,6 +309,7 @@ def namesrv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int
         "-Xms128m",
         "-Xmx128m",
         "-XX:+UseSerialGC",
+        *os.environ.get(JVM_OPTS_ENV, "").split(),  # the suite's cheaper JIT (conftest)
         f"-Duser.home={tmp}",
         f"-Drocketmq.home.dir={tmp}",
         f"-Drmq.logback.configurationFile={tmp / 'logback.xml'}",

@@ -33,6 +33,7 @@ from qclient.engines.rocketmq.connection import (
     RemotingConnectionError,
     RemotingTimeoutError,
 )
+from qclient.engines.rocketmq.local.runtime import JVM_OPTS_ENV
 from qclient.engines.rocketmq.pool import ConnectionPool
 from qclient.engines.rocketmq.remoting import (
     RemotingCommand,
@@ -47,7 +48,13 @@ OK = 30.0
 #: the timeout of calls that must fail first (closed or killed server): they must fail
 #: well before it
 LONG = 60.0
-_JVM_FLAGS = ["-Xms128m", "-Xmx128m", "-XX:+UseSerialGC"]
+#: the suite's cheaper JIT too (tests/conftest.py): a NameServer here needs to start and answer
+_JVM_FLAGS = [
+    "-Xms128m",
+    "-Xmx128m",
+    "-XX:+UseSerialGC",
+    *os.environ.get(JVM_OPTS_ENV, "").split(),
+]
 
 pytestmark = [
     pytest.mark.skipif(
@@ -142,19 +149,47 @@ class Namesrv:
         self._out.close()
 
 
+class _SharedNamesrv:
+    """The module's NameServer, started on first use; stopped before a test starts one of
+    its own, so two are never alive at once (the suite's budget, docs/TESTING.md)."""
+
+    def __init__(self, tmp: Path) -> None:
+        self._tmp = tmp
+        self._ns: Namesrv | None = None
+        self._starts = 0
+
+    def get(self) -> Namesrv:
+        if self._ns is None:
+            self._starts += 1
+            self._ns = Namesrv(self._tmp / f"namesrv-{self._starts}")
+        return self._ns
+
+    def stop(self) -> None:
+        ns, self._ns = self._ns, None
+        if ns is not None:
+            ns.stop()
+
+
 @pytest.fixture(scope="module")
-def namesrv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Namesrv]:
-    """One NameServer for the module; a test that pauses it resumes it."""
-    ns = Namesrv(tmp_path_factory.mktemp("namesrv"))
+def _shared_namesrv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_SharedNamesrv]:
+    shared = _SharedNamesrv(tmp_path_factory.mktemp("namesrv"))
     try:
-        yield ns
+        yield shared
     finally:
-        ns.stop()
+        shared.stop()
 
 
 @pytest.fixture
-def doomed_namesrv(tmp_path: Path) -> Iterator[Namesrv]:
-    """A NameServer of the test's own, which the test may kill."""
+def namesrv(_shared_namesrv: _SharedNamesrv) -> Namesrv:
+    """The module's NameServer; a test that pauses it resumes it."""
+    return _shared_namesrv.get()
+
+
+@pytest.fixture
+def doomed_namesrv(tmp_path: Path, _shared_namesrv: _SharedNamesrv) -> Iterator[Namesrv]:
+    """A NameServer of the test's own, which the test may kill (the module's is stopped
+    first; these tests come last in the module, so it is not started again)."""
+    _shared_namesrv.stop()
     ns = Namesrv(tmp_path / "namesrv")
     try:
         yield ns
@@ -290,53 +325,6 @@ def test_timeout_on_paused_namesrv_then_close_fails_in_flight(
                 conn.call(_probe("after-close"), OK)
         finally:
             namesrv.resume()
-
-
-def test_killed_namesrv_fails_calls_fast(doomed_namesrv: Namesrv, by_callers: bool) -> None:
-    ns = doomed_namesrv
-    with ConnectionPool(connect_timeout=2.0, read_by_callers=by_callers) as pool:
-        conn = pool.get(ns.addr)
-        assert pool.get(ns.addr) is conn
-        _check_answer(req := _probe("alive"), conn.call(req, OK), "alive")
-        ns.pause()  # keeps the calls below in flight until the kill
-        results: queue.SimpleQueue[object] = queue.SimpleQueue()
-
-        def caller() -> None:
-            try:
-                results.put(conn.call(_probe("doomed"), LONG))
-            except BaseException as exc:
-                results.put(exc)
-
-        def batch() -> None:
-            results.put(conn.call_many([_probe(f"doomed-{i}") for i in range(10)], LONG))
-
-        threads = [threading.Thread(target=caller) for _ in range(8)]
-        threads.append(threading.Thread(target=batch))
-        for th in threads:
-            th.start()
-        _wait_for(lambda: conn.in_flight == 18)
-        t0 = time.monotonic()
-        ns.signal(signal.SIGKILL)
-        for th in threads:
-            th.join(10)
-        assert time.monotonic() - t0 < 5.0  # against a 60 s timeout
-        got = [results.get_nowait() for _ in range(9)]
-        batches = [r for r in got if isinstance(r, list)]
-        singles = [r for r in got if not isinstance(r, list)]
-        assert len(batches) == 1 and len(singles) == 8
-        assert all(isinstance(e, RemotingConnectionError) for e in singles + batches[0])
-        assert conn.closed
-        t0 = time.monotonic()
-        with pytest.raises(RemotingConnectionError):
-            conn.call(_probe("new"), LONG)
-        assert time.monotonic() - t0 < 1.0
-        # the dying JVM closes its connections before its listening socket: until it has
-        # exited, a connect may still be accepted (by the kernel, into the backlog)
-        ns.proc.wait(10)
-        t0 = time.monotonic()
-        with pytest.raises(RemotingConnectionError):
-            pool.get(ns.addr)  # a new connection: refused
-        assert time.monotonic() - t0 < 1.0
 
 
 def test_pool_replaces_closed_and_discarded(namesrv: Namesrv, by_callers: bool) -> None:
@@ -538,3 +526,50 @@ def test_async_killed_namesrv_fails_calls_fast(doomed_namesrv: Namesrv, run: Any
             assert time.monotonic() - t0 < 1.0
 
     run(main())
+
+
+def test_killed_namesrv_fails_calls_fast(doomed_namesrv: Namesrv, by_callers: bool) -> None:
+    ns = doomed_namesrv
+    with ConnectionPool(connect_timeout=2.0, read_by_callers=by_callers) as pool:
+        conn = pool.get(ns.addr)
+        assert pool.get(ns.addr) is conn
+        _check_answer(req := _probe("alive"), conn.call(req, OK), "alive")
+        ns.pause()  # keeps the calls below in flight until the kill
+        results: queue.SimpleQueue[object] = queue.SimpleQueue()
+
+        def caller() -> None:
+            try:
+                results.put(conn.call(_probe("doomed"), LONG))
+            except BaseException as exc:
+                results.put(exc)
+
+        def batch() -> None:
+            results.put(conn.call_many([_probe(f"doomed-{i}") for i in range(10)], LONG))
+
+        threads = [threading.Thread(target=caller) for _ in range(8)]
+        threads.append(threading.Thread(target=batch))
+        for th in threads:
+            th.start()
+        _wait_for(lambda: conn.in_flight == 18)
+        t0 = time.monotonic()
+        ns.signal(signal.SIGKILL)
+        for th in threads:
+            th.join(10)
+        assert time.monotonic() - t0 < 5.0  # against a 60 s timeout
+        got = [results.get_nowait() for _ in range(9)]
+        batches = [r for r in got if isinstance(r, list)]
+        singles = [r for r in got if not isinstance(r, list)]
+        assert len(batches) == 1 and len(singles) == 8
+        assert all(isinstance(e, RemotingConnectionError) for e in singles + batches[0])
+        assert conn.closed
+        t0 = time.monotonic()
+        with pytest.raises(RemotingConnectionError):
+            conn.call(_probe("new"), LONG)
+        assert time.monotonic() - t0 < 1.0
+        # the dying JVM closes its connections before its listening socket: until it has
+        # exited, a connect may still be accepted (by the kernel, into the backlog)
+        ns.proc.wait(10)
+        t0 = time.monotonic()
+        with pytest.raises(RemotingConnectionError):
+            pool.get(ns.addr)  # a new connection: refused
+        assert time.monotonic() - t0 < 1.0
