@@ -151,10 +151,13 @@ class CrashOnceProducer:
 
 
 class _AnswerLost:
-    """The producer's transport, but the answers to its first ``count`` send calls to
-    ``broker`` are dropped after the broker gave them: the call raises the engine's read
-    timeout instead (httpx.ReadTimeout / TimeoutError), as when an answer comes too late.
-    The broker has stored what it acknowledged; the producer sees an ambiguous attempt."""
+    """The producer's transport, but the answers to the first attempts of its first
+    ``count`` send calls to ``broker`` are dropped after the broker gave them: the call
+    raises the engine's read timeout instead (httpx.ReadTimeout / TimeoutError), as when an
+    answer comes too late. The broker has stored what it acknowledged; the producer sees
+    an ambiguous attempt. Only a call none of whose messages went out before counts (a
+    first attempt), so which calls lose their answers does not depend on how the chunks'
+    attempts interleave: a retry's answer is never dropped."""
 
     def __init__(self, inner: Any, broker: str, count: int, record: Path) -> None:
         self._inner = inner
@@ -162,19 +165,23 @@ class _AnswerLost:
         self._left = count
         self._record = record
         self._lock = threading.Lock()
+        self._seen: set[str] = set()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
     def perform(self, call: Any, on_write: Any = None) -> Any:
+        ids = [it.wire.msg_id for it in call.items] if call.items else []
+        with self._lock:
+            first = self._seen.isdisjoint(ids)
+            self._seen.update(ids)
         answer = self._inner.perform(call, on_write)
-        if not call.items or call.broker != self._broker:
+        if not ids or call.broker != self._broker or not first:
             return answer
         with self._lock:
             if self._left <= 0:
                 return answer
             self._left -= 1
-        ids = [it.wire.msg_id for it in call.items]
         with self._record.open("a") as f:
             f.write(json.dumps({"broker": call.broker, "ids": ids, "pid": os.getpid()}) + "\n")
         if hasattr(call, "path"):  # qclient's engine: an HTTP call
@@ -188,9 +195,9 @@ class HookedProducer:
     """A real ``qclient.Producer`` with test hooks, each switched on by a file under
     ``$QCLIENT_FAKE_SINK_DIR`` named after the topic (read once per process and topic):
 
-    - ``lose-<topic>`` = ``"<broker> <n>"``: this process's first ``n`` send calls to
-      that broker are stored there but their answers are dropped (``_AnswerLost``); the
-      calls are listed in ``lost-<topic>.jsonl``;
+    - ``lose-<topic>`` = ``"<broker> <n>"``: the first attempts of this process's first
+      ``n`` send calls to that broker are stored there but their answers are dropped
+      (``_AnswerLost``); the calls are listed in ``lost-<topic>.jsonl``;
     - ``hold-<topic>`` = ``"<rows>"``: once this process has sent that many rows of the
       topic, it creates ``held-<topic>`` and waits (up to 120 s) for ``go-<topic>``
       before sending more (a test acts while a write is certainly in progress).

@@ -397,8 +397,9 @@ def test_rows_whose_first_attempt_timed_out_after_being_stored_arrive_once(
     topic: str,
     record_property: Callable[[str, object], None],
 ) -> None:
-    """The answers to each worker's first two send calls to broker-a are lost after
-    broker-a stored the rows (the attempt times out: ``fake_producer.HookedProducer``),
+    """The answers to the first attempts of each worker's first two send calls to
+    broker-a are lost after broker-a stored the rows (the attempt times out:
+    ``fake_producer.HookedProducer``),
     so those rows are re-sent while a copy is already stored; a third of the rows are due
     at once, too soon for any clean-up. A consumer group of two members, holding the
     queues of the topic between them, receives every row exactly once: the re-sends went
