@@ -99,8 +99,12 @@ def test_not_found_is_asked_again_and_late_copies_are_dropped() -> None:
 
 def test_hung_broker_copy_never_fires_twice() -> None:
     """broker-a hangs with a send in its socket: the attempt times out and broker-b
-    acknowledges the retry; when broker-a resumes it stores the late request, and the
-    producer cancels that copy before it fires."""
+    acknowledges the retry. When broker-a resumes, it stores the late request if it is
+    still within its deadline's allowance (decision 0014) and the producer cancels that
+    copy before it fires; past it, broker-a refuses the request and the producer finds no
+    copy. Which of the two happens depends on how soon the resumed broker reads its socket
+    (a loaded host decides), and either way the noted copy is settled and every id is
+    received once."""
     with LocalCluster(brokers=2) as cluster:
         a = cluster.broker("broker-a")
         ids = _ids_of("broker-a", "broker-b", 30)
@@ -119,8 +123,10 @@ def test_hung_broker_copy_never_fires_twice() -> None:
             assert noted >= 1, p._ambiguous.counts
             assert {r.broker_name for r in results[:3]} == {"broker-b"}
             wait_until(lambda: p._ambiguous.pending() == 0, 10, "the copies to be settled")
-            # a copy was there, and is gone
-            assert p._ambiguous.counts["cancelled"] >= 1, p._ambiguous.counts
+            # the copy was cancelled, or broker-a never stored it (its deadline had passed)
+            counts = dict(p._ambiguous.counts)
+            assert counts["cancelled"] + counts["not_found"] >= 1, counts
+            print(f"\nbroker-a's late copy: {counts}")
         got = drain(cluster.namesrv, "amb", "g", expected=len(ids) + 1, timeout=20, settle=0.5)
         counts = Counter(m.msg_id for m in got)
         assert all(counts[i] == 1 for i in ids), {i: n for i, n in counts.items() if n != 1}
