@@ -15,7 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
-MAX_LINES = 500
+#: a review point, not a size to cut to: a module past it is split by concept
+MAX_LINES = 800
 
 
 def _modules() -> dict[str, Path]:
