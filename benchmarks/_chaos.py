@@ -217,6 +217,7 @@ class Nemesis(threading.Thread):
         gap_s: tuple[float, float],
         all_down_at: float,
         all_down_s: float,
+        min_faults: int = 0,
     ) -> None:
         super().__init__(name="nemesis", daemon=True)
         self.cluster = cluster
@@ -227,6 +228,8 @@ class Nemesis(threading.Thread):
         self.gap_s = gap_s
         self.all_down_at = all_down_at
         self.all_down_s = all_down_s
+        #: faults to make before stopping, past ``until`` if need be (until halted)
+        self.min_faults = min_faults
         self.bands: list[Band] = []
         self.events: list[tuple[float, str]] = []
         self.failures: list[str] = []  # a restart that did not come back
@@ -256,10 +259,10 @@ class Nemesis(threading.Thread):
                 self._all_down()
                 all_down_done = True
                 next_at = self.clock() + rng.uniform(*self.gap_s)
-            elif now >= next_at and now < self.until:
+            elif now >= next_at and (now < self.until or len(self.bands) < self.min_faults):
                 self._act()
                 next_at = self.clock() + rng.uniform(*self.gap_s)
-            elif now >= self.until and not self._pending:
+            elif now >= self.until and not self._pending and len(self.bands) >= self.min_faults:
                 return
             self._halt.wait(0.05)
 

@@ -50,6 +50,8 @@ SMOKE = {
     "qclient": (40.0, 5.0, 12.0, 10.0),
     "rocketmq": (30.0, 4.0, 8.0, 10.0),
 }
+#: --smoke on qclient's engine: the faults its check expects (the all-down's 3 and 3 more)
+SMOKE_MIN_FAULTS = 6
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -67,6 +69,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             gap_s=(args.gap_min, args.gap_max),
             all_down_at=args.duration * 0.6,
             all_down_s=args.all_down,
+            min_faults=args.min_faults,
         )
         traffic = Traffic(cluster.namesrv, ledger, args)
         try:
@@ -75,7 +78,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             traffic.start()
             time.sleep(1.0)  # calm first: a baseline phase
             nemesis.start()
-            while clock() < args.duration:
+            while clock() < args.duration or (
+                len(nemesis.bands) < args.min_faults and clock() < args.duration + 60
+            ):
                 time.sleep(0.2)
             traffic.stop.set()
             nemesis.halt()
@@ -162,6 +167,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--gap-min", type=float, default=2.0, help="s between nemesis actions")
     ap.add_argument("--gap-max", type=float, default=5.0)
     ap.add_argument(
+        "--min-faults",
+        type=int,
+        default=0,
+        help="qclient's engine: traffic and nemesis go on past --duration (60 s at most) "
+        "until this many faults were made (--smoke: 6): a loaded host makes each one slower",
+    )
+    ap.add_argument(
         "--all-down",
         type=float,
         default=3.0,
@@ -180,6 +192,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.long_max = LONG_MAX[args.engine]
     if args.smoke:
         args.duration, args.short_max, args.long_max, args.grace = SMOKE[args.engine]
+        if args.engine == "qclient":
+            args.min_faults = max(args.min_faults, SMOKE_MIN_FAULTS)
     return args
 
 

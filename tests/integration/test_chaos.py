@@ -95,6 +95,7 @@ def test_chaos_soak_loses_nothing_and_stops_everything(engine: str, tmp_path: Pa
     assert res["nemesis_failures"] == []
     faults = res["faults"]
     if engine == "qclient":
+        # --smoke goes on until it made 6 (a loaded host makes each fault slower)
         assert faults.get("all_down") == 3 and sum(faults.values()) >= 6, faults
     else:
         print(
