@@ -171,6 +171,8 @@ class JvmSampler:
     peak: Counter[str] = field(default_factory=Counter)
     peak_total: int = 0
     peak_load: float = 0.0
+    #: the tests running when the 1-min load reached its peak
+    peak_load_tests: list[str] = field(default_factory=list)
     #: kind -> (count, the tests running when it was first seen over its limit)
     over: dict[str, tuple[int, list[str]]] = field(default_factory=dict)
     running: set[str] = field(default_factory=set)
@@ -217,7 +219,9 @@ class JvmSampler:
             limit = LIMITS.get(kind)
             if limit is not None and n > limit and kind not in self.over:
                 self.over[kind] = (n, running)
-        self.peak_load = max(self.peak_load, os.getloadavg()[0])
+        load = os.getloadavg()[0]
+        if load > self.peak_load:
+            self.peak_load, self.peak_load_tests = load, running
 
     def over_budget(self) -> bool:
         return bool(self.over or self.strays)
@@ -228,6 +232,8 @@ class JvmSampler:
             f"JVM budget: peak {self.peak_total} JVMs at once ({kinds}); "
             f"peak 1-min load {self.peak_load:.1f} on {os.cpu_count()} cores",
         ]
+        if self.peak_load_tests:
+            lines.append(f"  running at the peak load: {', '.join(self.peak_load_tests)}")
         for kind, (n, tests) in sorted(self.over.items()):
             lines.append(
                 f"JVM budget exceeded: {n} {kind} at once (limit {LIMITS[kind]}) "
