@@ -77,14 +77,17 @@ def _new_master(cluster: RocketMQCluster, topic: str, old: JvmNode) -> str | Non
 
 
 def test_master_paused_costs_at_most_one_attempt_share(cluster: RocketMQCluster) -> None:
-    """A master SIGSTOPped while one thread sends: no call waits longer than one
-    attempt's share of ``send_timeout`` (plus the host's slack), no errors, the group
-    takes sends again after SIGCONT, and every acknowledged message is delivered."""
+    """A master SIGSTOPped while one thread sends: a call that meets it spends one
+    attempt there (its share of ``send_timeout``) and is acknowledged by the other group,
+    no call errs, the group takes sends again after SIGCONT, and every acknowledged message
+    is delivered. The budget is large (a 10 s share) so that no load can exhaust it: the
+    share's length is a benchmark's figure (failover_bench, java_producer_bench), and a
+    second attempt on the paused master would cost a whole second share."""
     _heal(cluster)
     topic = "failover-pause"
     cluster.create_topic(topic, 4)
     victim = cluster.broker("broker-b")
-    send_timeout, retry_times = 3.0, 2
+    send_timeout, retry_times = 30.0, 2
     share = send_timeout / (retry_times + 1)
     acked: dict[str, SendResult] = {}
     errors: list[QClientError] = []
@@ -105,23 +108,33 @@ def test_master_paused_costs_at_most_one_attempt_share(cluster: RocketMQCluster)
     with Producer(cluster.namesrv, send_timeout=send_timeout, retry_times=retry_times) as p:
         for i in range(50):
             send(p, f"w{i}")
+
+        def victim_selectable() -> bool:
+            # a slow answer during the warm-up (a replica just healed) isolates the group
+            # for a while, and then no send would meet the pause: wait until it is not
+            send(p, "w")
+            return all(f.available for f in p.fault_items() if f.name == victim.group)
+
+        wait_until(victim_selectable, 60, f"{victim.group} selectable again")
         latencies.clear()
+        attempts_before = p.stats()["brokers"].get(victim.group, {}).get("requests", 0)
         victim.pause()
         try:
             for i in range(300):
                 send(p, f"m{i}")
         finally:
             victim.resume()
+        met = p.stats()["brokers"].get(victim.group, {}).get("requests", 0) - attempts_before
         paused = sorted(latencies)
-        # the call that met the hung master waits its share there, then goes elsewhere
-        normal = max((t for t in paused if t < share / 2), default=0.0)
-        limit = share + 0.3 + min(normal, share / 2)
         print(
-            f"\n300 sends with {victim.name} paused: max {paused[-1]:.3f} s (limit "
-            f"{limit:.3f} s), median {paused[len(paused) // 2]:.4f} s, {len(errors)} errors"
+            f"\n300 sends with {victim.name} paused: {met} attempts on it, max "
+            f"{paused[-1]:.3f} s (share {share:.0f} s), median {paused[len(paused) // 2]:.4f} s, "
+            f"{len(errors)} errors"
         )
-        assert paused[-1] < limit, f"a call took {paused[-1]:.3f} s"
         assert not errors, errors[:3]
+        assert met >= 1, "no send met the paused master: nothing was tested"
+        # one attempt on the paused master costs one share; a second would cost another
+        assert paused[-1] < 2 * share, f"a call took {paused[-1]:.3f} s: two attempts there"
 
         def back_in_use() -> bool:
             r = send(p, "after")
