@@ -142,7 +142,7 @@ class JvmNode:
             if proc.poll() is not None:
                 raise ClusterError(
                     f"{self.role} {self.name} exited with code {proc.returncode}; "
-                    f"log {self.log_path}: {self.log_tail()}"
+                    f"{self._first_error()}log {self.log_path}: {self.log_tail()}"
                 )
             missing = self._missing()
             if missing is None:
@@ -231,6 +231,20 @@ class JvmNode:
         except OSError:
             return False
         return False
+
+    def _first_error(self) -> str:
+        """``first error: <line>; `` for the first ERROR or exception this start logged
+        (a JVM that exits at boot logs its cause early, then its shutdown), else ''."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(self._spawn_pos)
+                text = f.read(1 << 20).decode(errors="replace")
+        except OSError:
+            return ""
+        for line in text.splitlines():
+            if " ERROR " in line or "Exception" in line:
+                return f"first error: {line.strip()[:500]}; "
+        return ""
 
     def log_tail(self, lines: int = 8) -> str:
         """The last lines of the node's log, joined by `` | ``."""
