@@ -363,6 +363,11 @@ def test_copy_stays_when_the_acknowledged_one_is_gone() -> None:
         copies.close()
 
 
+#: how far ahead the outage test's ids are due: the kill, the restart and the re-sends must
+#: all come before it, and a broker's restart on a loaded host took most of 10 s
+DUE_S = 30.0
+
+
 def test_id_resent_across_its_brokers_outage_fires_once() -> None:
     """a (the ids' own broker) is killed. Ids a acknowledged before are re-sent by another
     producer, acknowledged by b: once a is back, a's copies are cancelled. Ids first sent
@@ -385,7 +390,7 @@ def test_id_resent_across_its_brokers_outage_fires_once() -> None:
                 )
         with Producer(cluster.namesrv) as p1, Producer(cluster.namesrv) as p2:
             p2.send_delayed("away", "warm-up", delay=0.1)
-            first = [p1.send_delayed("away", i, delay=10.0, msg_id=i) for i in old]
+            first = [p1.send_delayed("away", i, delay=DUE_S, msg_id=i) for i in old]
             assert {r.broker_name for r in first} == {"broker-a"}
             a.kill()
             try:
@@ -393,7 +398,7 @@ def test_id_resent_across_its_brokers_outage_fires_once() -> None:
                     p2.send_delayed("away", i, deliver_at=r.deliver_at_ms / 1000, msg_id=i)
                     for i, r in zip(old, first, strict=True)
                 ]
-                during = [p2.send_delayed("away", i, delay=10.0, msg_id=i) for i in new]
+                during = [p2.send_delayed("away", i, delay=DUE_S, msg_id=i) for i in new]
             finally:
                 a.start()
             assert {r.broker_name for r in again + during} == {"broker-b"}
@@ -407,11 +412,13 @@ def test_id_resent_across_its_brokers_outage_fires_once() -> None:
             assert {r.broker_name for r in after} == {"broker-a"}
             wait_until(
                 lambda: counts["cancelled"] + counts["not_found"] == len(ids),
-                20,
+                DUE_S + 15,
                 "the copies on a to be settled",
             )
             assert counts["cancelled"] == len(ids), counts
-        got = drain(cluster.namesrv, "away", "g", expected=len(ids) + 3, timeout=25, settle=0.5)
+        got = drain(
+            cluster.namesrv, "away", "g", expected=len(ids) + 3, timeout=DUE_S + 15, settle=0.5
+        )
         by_id = Counter(m.msg_id for m in got)
         assert all(by_id[i] == 1 for i in ids), {i: n for i, n in by_id.items() if n != 1}
         # the copies kept are those on the ids' own broker, first in their order
