@@ -39,8 +39,8 @@ PYTEST_SUITE := -q -n 3 --dist loadgroup --max-worker-restart=0
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_SUITE) --junitxml=build/test-report.xml
 
-## test-quick: the inner loop: every test that starts no JVM (no Java needed), under two
-## minutes; never instead of `make test`
+## test-quick: the inner loop: every test that starts no JVM (no Java needed) and no script
+## smoke run (marked slow), ~3 min; never instead of `make test`
 test-quick: $(VENV)/.full-$(SIG)
 	$(BIN)/python -m pytest $(PYTEST_SUITE) -m "not jvm and not slow"
 

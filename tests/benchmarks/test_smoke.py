@@ -39,7 +39,10 @@ DURABLE = {
 #: chaos_bench --smoke is the ~60 s soak, run and checked by tests/integration/test_chaos.py;
 #: one-off decision experiments (``smoke=False``) are run by hand
 OTHERS = [
-    pytest.param(sc, id=sc.name, marks=[pytest.mark.jvm(sc.jvm)] if sc.jvm else [])
+    # each runs a whole script with its own cluster: slow, out of make test-quick
+    pytest.param(
+        sc, id=sc.name, marks=[pytest.mark.slow, *([pytest.mark.jvm(sc.jvm)] if sc.jvm else [])]
+    )
     for sc in SCENARIOS
     if sc.smoke and sc.name not in ("peers", "chaos_bench")
 ]
@@ -61,6 +64,7 @@ def test_scenario_script_smoke(sc: Scenario, tmp_path: Path) -> None:
 SMOKE_PEERS = [p for p in PEERS if p.label != "redis-batch"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spec", SMOKE_PEERS, ids=[p.label for p in SMOKE_PEERS])
 def test_peer_smoke(spec: PeerSpec, tmp_path: Path) -> None:
     """Every peer adapter delivers a tiny workload, none early, and survives its kill -9."""

@@ -45,7 +45,7 @@ TIMEOUT_S = {"qclient": 240, "rocketmq": 480}
 @pytest.mark.parametrize(
     "engine",
     [
-        "qclient",
+        pytest.param("qclient", marks=pytest.mark.slow),
         pytest.param(
             "rocketmq",
             marks=[
