@@ -33,9 +33,10 @@ import os
 import tempfile
 import threading
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Generic, TypeVar
 
 import pytest
 
@@ -66,6 +67,29 @@ def jvm_group(item: pytest.Item) -> str | None:
             raise pytest.UsageError(f"{nodeid}: pytest.mark.jvm({group!r}): not in {JVM_GROUPS}")
         return str(group)
     return "spark" if nodeid.startswith(_SPARK_DIR) else None
+
+
+_T = TypeVar("_T")
+
+
+class OneAtATime(Generic[_T]):
+    """A JVM resource (a cluster, a NameServer) shared by the tests that may share it:
+    started by ``start`` on first use, stopped by ``stop`` on ``release`` -- which a test
+    that starts JVMs of its own calls first, so two are never alive at once."""
+
+    def __init__(self, start: Callable[[], _T], stop: Callable[[_T], object]) -> None:
+        self._start, self._stop = start, stop
+        self._value: _T | None = None
+
+    def get(self) -> _T:
+        if self._value is None:
+            self._value = self._start()
+        return self._value
+
+    def release(self) -> None:
+        value, self._value = self._value, None
+        if value is not None:
+            self._stop(value)
 
 
 @contextlib.contextmanager

@@ -6,6 +6,7 @@ import os
 from collections.abc import Iterator
 
 import pytest
+from tests._budget import OneAtATime
 
 from qclient import LocalCluster
 
@@ -27,29 +28,14 @@ def shared_cluster() -> Iterator[LocalCluster]:
         yield cluster
 
 
-class _RocketMQSlot:
-    """The one RocketMQ cluster of the modules that stop, kill and pause no broker: two
-    brokers, started on first use and shared by every such module, so the jvm worker starts
-    it once rather than once a module; stopped before a module starts JVMs of its own, so
-    two clusters are never alive at once (the budget, docs/TESTING.md)."""
-
-    def __init__(self) -> None:
-        self.cluster: LocalCluster | None = None
-
-    def get(self) -> LocalCluster:
-        if self.cluster is None:
-            self.cluster = LocalCluster(brokers=2, engine="rocketmq").start()
-        return self.cluster
-
-    def release(self) -> None:
-        cluster, self.cluster = self.cluster, None
-        if cluster is not None:
-            cluster.stop()
-
-
 @pytest.fixture(scope="session")
-def _rocketmq_slot() -> Iterator[_RocketMQSlot]:
-    slot = _RocketMQSlot()
+def _rocketmq_slot() -> Iterator[OneAtATime[LocalCluster]]:
+    """The one RocketMQ cluster of the modules that stop, kill and pause no broker: two
+    brokers, started once for all of them, stopped before any other module (it may start
+    JVMs of its own: the budget, docs/TESTING.md)."""
+    slot = OneAtATime(
+        lambda: LocalCluster(brokers=2, engine="rocketmq").start(), lambda c: c.stop()
+    )
     try:
         yield slot
     finally:
@@ -57,7 +43,9 @@ def _rocketmq_slot() -> Iterator[_RocketMQSlot]:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _one_rocketmq_cluster(request: pytest.FixtureRequest, _rocketmq_slot: _RocketMQSlot) -> None:
+def _one_rocketmq_cluster(
+    request: pytest.FixtureRequest, _rocketmq_slot: OneAtATime[LocalCluster]
+) -> None:
     """Before a module none of whose tests shares the cluster, stop the shared one: the
     module may start a cluster or a Spark JVM of its own, and an idle RocketMQ broker
     still takes a sixth of a core (its timer and store services wake every few ms). A
@@ -75,7 +63,7 @@ def _one_rocketmq_cluster(request: pytest.FixtureRequest, _rocketmq_slot: _Rocke
 
 
 @pytest.fixture(scope="module")
-def rocketmq_cluster(_rocketmq_slot: _RocketMQSlot) -> LocalCluster:
+def rocketmq_cluster(_rocketmq_slot: OneAtATime[LocalCluster]) -> LocalCluster:
     """A real RocketMQ NameServer and two brokers shared by the modules whose tests stop,
     kill and pause no broker (each test uses topics and groups of its own)."""
     return _rocketmq_slot.get()

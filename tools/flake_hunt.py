@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ET
-from collections import Counter, defaultdict
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     failures: Counter[str] = Counter()
     runs: Counter[str] = Counter()
-    bad_runs: dict[int, int] = defaultdict(int)
+    crashed: list[int] = []  # runs that left no report
     hog = None if args.no_hog else start_hog(args.repeat * RUN_LIMIT_S)
     try:
         for rep in range(1, args.repeat + 1):
@@ -111,8 +111,8 @@ def main(argv: list[str] | None = None) -> int:
             for test, failed in got.items():
                 runs[test] += 1
                 failures[test] += failed
-            n_failed = sum(got.values())
-            bad_runs[rep] = n_failed if got or code == 0 else -1
+            if not got and code != 0:
+                crashed.append(rep)
             summary = tail[-1] if tail else ""
             print(f"run {rep}/{args.repeat}: exit {code}, {took:.0f} s, {summary}", flush=True)
             if code not in (0, 1):  # not a test failure: a usage error, an interrupt, a crash
@@ -126,7 +126,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{len(runs)} tests, {args.repeat} runs; failures per test:")
     for test in flaky:
         print(f"  {failures[test]}/{runs[test]}  {test}")
-    crashed = [rep for rep, n in bad_runs.items() if n < 0]
     if not flaky and not crashed:
         print("  none")
     if crashed:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests._budget import OneAtATime
 
 from qclient.engines.rocketmq import connection
 from qclient.engines.rocketmq.aio import AsyncConnection, AsyncConnectionPool
@@ -149,47 +150,27 @@ class Namesrv:
         self._out.close()
 
 
-class _SharedNamesrv:
-    """The module's NameServer, started on first use; stopped before a test starts one of
-    its own, so two are never alive at once (the suite's budget, docs/TESTING.md)."""
-
-    def __init__(self, tmp: Path) -> None:
-        self._tmp = tmp
-        self._ns: Namesrv | None = None
-        self._starts = 0
-
-    def get(self) -> Namesrv:
-        if self._ns is None:
-            self._starts += 1
-            self._ns = Namesrv(self._tmp / f"namesrv-{self._starts}")
-        return self._ns
-
-    def stop(self) -> None:
-        ns, self._ns = self._ns, None
-        if ns is not None:
-            ns.stop()
-
-
 @pytest.fixture(scope="module")
-def _shared_namesrv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_SharedNamesrv]:
-    shared = _SharedNamesrv(tmp_path_factory.mktemp("namesrv"))
+def _shared_namesrv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OneAtATime[Namesrv]]:
+    """The module's NameServer, stopped before a test starts one of its own."""
+    shared = OneAtATime(lambda: Namesrv(tmp_path_factory.mktemp("namesrv")), Namesrv.stop)
     try:
         yield shared
     finally:
-        shared.stop()
+        shared.release()
 
 
 @pytest.fixture
-def namesrv(_shared_namesrv: _SharedNamesrv) -> Namesrv:
+def namesrv(_shared_namesrv: OneAtATime[Namesrv]) -> Namesrv:
     """The module's NameServer; a test that pauses it resumes it."""
     return _shared_namesrv.get()
 
 
 @pytest.fixture
-def doomed_namesrv(tmp_path: Path, _shared_namesrv: _SharedNamesrv) -> Iterator[Namesrv]:
+def doomed_namesrv(tmp_path: Path, _shared_namesrv: OneAtATime[Namesrv]) -> Iterator[Namesrv]:
     """A NameServer of the test's own, which the test may kill (the module's is stopped
     first; these tests come last in the module, so it is not started again)."""
-    _shared_namesrv.stop()
+    _shared_namesrv.release()
     ns = Namesrv(tmp_path / "namesrv")
     try:
         yield ns

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from tests._budget import OneAtATime
 
 from qclient.cluster import ClusterError
 from qclient.engines.rocketmq.codes import RequestCode
@@ -46,42 +47,27 @@ pytestmark = [
 ]
 
 
-class _Shared:
-    """The module's two-broker cluster, started on first use; stopped before a test that
-    starts JVMs of its own, so two clusters are never alive at once (docs/TESTING.md)."""
-
-    def __init__(self) -> None:
-        self.cluster: RocketMQCluster | None = None
-
-    def get(self) -> RocketMQCluster:
-        if self.cluster is None:
-            self.cluster = RocketMQCluster(brokers=2).start()
-        return self.cluster
-
-    def stop(self) -> None:
-        cluster, self.cluster = self.cluster, None
-        if cluster is not None:
-            cluster.stop()
-
-
 @pytest.fixture(scope="module")
-def _shared() -> Iterator[_Shared]:
-    shared = _Shared()
+def _shared() -> Iterator[OneAtATime[RocketMQCluster]]:
+    """The module's two-broker cluster, stopped before a test that starts JVMs of its own."""
+    shared = OneAtATime(lambda: RocketMQCluster(brokers=2).start(), RocketMQCluster.stop)
     try:
         yield shared
     finally:
-        shared.stop()
+        shared.release()
 
 
 @pytest.fixture
-def cluster(_shared: _Shared) -> RocketMQCluster:
+def cluster(_shared: OneAtATime[RocketMQCluster]) -> RocketMQCluster:
     return _shared.get()
 
 
 @pytest.fixture(autouse=True)
-def _one_cluster_at_a_time(request: pytest.FixtureRequest, _shared: _Shared) -> None:
+def _one_cluster_at_a_time(
+    request: pytest.FixtureRequest, _shared: OneAtATime[RocketMQCluster]
+) -> None:
     if "cluster" not in request.fixturenames:
-        _shared.stop()
+        _shared.release()
 
 
 def _until(cond: Callable[[], bool], timeout: float, what: str) -> None:
