@@ -65,7 +65,9 @@ def test_not_visible_before_its_time(cluster):
 def test_same_msg_id_is_stored_once(cluster):
     """Across 2 brokers: an id the caller chose always goes to the broker that has it."""
     ids = [f"order-{i}" for i in range(100)]
-    with Producer(cluster.namesrv) as producer:
+    # without the latency fault table: one slow answer on a loaded host isolates an id's
+    # broker, and then its next send goes to the stand-in by design (decision 0009)
+    with Producer(cluster.namesrv, send_latency_fault_enable=False) as producer:
         first = [producer.send_delayed("dedupe", b"one", delay=0.3, msg_id=i) for i in ids]
         second = producer.send_batch(Message("dedupe", b"one", delay=0.3, msg_id=i) for i in ids)
         third = producer.send_async(Message("dedupe", b"one", delay=0.3, msg_id=ids[0]))
