@@ -105,15 +105,20 @@ def test_sigstop_one_broker_then_sigcont(tmp_path) -> None:
 def test_name_server_down_sends_go_on_with_last_good_route(tmp_path) -> None:
     with (
         LocalCluster(2, data_dir=str(tmp_path)) as c,
-        Producer(c.namesrv, route_refresh_interval=0.5, namesrv_timeout=0.5) as p,
+        Producer(c.namesrv, route_refresh_interval=0.5) as p,
     ):
         p.send_delayed("nsdown", b"first", delay=1.0)
         c.namesrv_node.stop()
-        deadline = time.monotonic() + 3.0  # several refresh intervals without a name server
+        # several refresh intervals without a name server, and both brokers used (a slow
+        # answer on a loaded host may isolate one for a while): bounded in count and time
+        every = {b.name for b in c.brokers}
+        started = time.monotonic()
         n = 0
         brokers = set()
-        while time.monotonic() < deadline:
+        while n < 10_000 and time.monotonic() - started < 60:
             brokers.add(p.send_delayed("nsdown", f"m{n}", delay=1.0).broker_name)
             n += 1
-        assert n > 10 and brokers == {b.name for b in c.brokers}
+            if brokers == every and time.monotonic() - started >= 3.0:
+                break
+        assert n > 10 and brokers == every
         assert p.stats()["failed"] == 0

@@ -147,7 +147,8 @@ def test_failure_before_any_request_ends_the_span_with_error(spans):
 
 def test_send_async_timeout_ends_the_span_with_error(cluster, spans):
     broker = cluster.brokers[0]
-    with Producer(cluster.namesrv, send_timeout=0.4, retry_times=0) as p:
+    # 2 s: the warm-up send must not time out on a loaded host; the paused one costs it
+    with Producer(cluster.namesrv, send_timeout=2.0, retry_times=0) as p:
         p.send("tr-timeout", b"warm")  # the route is known: the failure is the broker's
         broker.pause()
         try:

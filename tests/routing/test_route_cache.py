@@ -75,15 +75,16 @@ def test_ttl_expiry_and_last_good() -> None:
 
 
 def test_refresh_on_timer_and_last_good_when_name_server_down() -> None:
+    # the default name server timeout: a first route asked of a loaded host may take
+    # longer than a short one, and once the name server is gone its port refuses at once
     with (
         fake_cluster() as (ns, _brokers),
-        Producer(
-            ns.addr, route_refresh_interval=0.2, start_detector_enable=False, namesrv_timeout=0.3
-        ) as p,
+        Producer(ns.addr, route_refresh_interval=0.2, start_detector_enable=False) as p,
     ):
         p.send("t", b"x")
-        assert ns.calls == 1
-        assert wait_until(lambda: ns.calls >= 3, 5.0)  # refreshed in the background
+        asked = ns.calls
+        assert asked >= 1  # the first send asked for the route (a refresh may follow soon)
+        assert wait_until(lambda: ns.calls >= asked + 2, 30.0)  # refreshed in the background
         ns.stop()  # every name server gone
         time.sleep(0.5)  # the route expires meanwhile: the last good one stays in use
         for _ in range(20):

@@ -115,8 +115,11 @@ class MQFaultStrategy:
         """Pick the queue of the next attempt.
 
         Fault tolerance on: (1) a queue of an available broker other than ``last_broker``;
-        (2) of a reachable one other than ``last_broker``; (3) any queue. Off: any broker
-        but ``last_broker``, else any queue. The round-robin index runs over the queues
+        (2) of a reachable one other than ``last_broker``; (3) of any broker other than
+        ``last_broker``; (4) any queue. Off: (3), else (4). RocketMQ's third tier is any
+        queue, so when every other broker is flagged a retry may go back to the broker
+        that just failed this send; a flag is older news than that failure, and a retry on
+        a hung broker costs another whole attempt share. The round-robin index runs over the queues
         that passed the filter, not over all of them, so a filtered-out broker's share is
         spread evenly instead of landing on the queue after it (apache/rocketmq#5672).
         """
@@ -148,7 +151,6 @@ class MQFaultStrategy:
             ]
             if tier:
                 return tier[idx % len(tier)]
-            return queues[idx % len(queues)]
         if last_broker is not None:
             tier = [q for q in queues if q.broker_name != last_broker]
             if tier:

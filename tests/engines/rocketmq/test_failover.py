@@ -129,7 +129,9 @@ def test_master_paused_costs_at_most_one_attempt_share(cluster: RocketMQCluster)
         print(
             f"\n300 sends with {victim.name} paused: {met} attempts on it, max "
             f"{paused[-1]:.3f} s (share {share:.0f} s), median {paused[len(paused) // 2]:.4f} s, "
-            f"{len(errors)} errors"
+            f"{len(errors)} errors; requests by broker "
+            f"{ {b: v['requests'] for b, v in p.stats()['brokers'].items()} }, fault table "
+            f"{[(f.name, f.available, f.reachable) for f in p.fault_items()]}"
         )
         assert not errors, errors[:3]
         assert met >= 1, "no send met the paused master: nothing was tested"
