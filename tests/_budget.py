@@ -114,13 +114,61 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Put every JVM test in its group, ahead of any group a module names (the closest
     ``xdist_group`` mark is the one pytest-xdist reads); mark it ``jvm``, so that
-    ``-m "not jvm"`` leaves it out."""
+    ``-m "not jvm"`` leaves it out. Then order the run (``run_order``)."""
     for item in items:
         group = jvm_group(item)
         if group is not None:
             if item.get_closest_marker("jvm") is None:
                 item.add_marker(pytest.mark.jvm(group))
             item.add_marker(pytest.mark.xdist_group(group), append=False)
+    run_order(items)
+
+
+#: the marker of a module that shares the RocketMQ cluster only for some tests (conftest)
+SHARES_MARK = "shares_rocketmq_cluster"
+
+
+def shares_rocketmq_cluster(
+    module: pytest.Item | pytest.Collector, items: list[pytest.Item]
+) -> bool:
+    """Whether the tests of ``module`` (among ``items``) use the shared RocketMQ cluster:
+    one of them asks for ``rocketmq_cluster``, or the module is marked ``SHARES_MARK``."""
+    if module.get_closest_marker(SHARES_MARK) is not None:
+        return True
+    prefix = module.nodeid + "::"
+    return any(
+        "rocketmq_cluster" in getattr(item, "fixturenames", ())
+        for item in items
+        if item.nodeid.startswith(prefix)
+    )
+
+
+def run_order(items: list[pytest.Item]) -> None:
+    """Reorder ``items``: the JVM groups first, ``rocketmq`` then ``spark``, then every
+    other test. A group runs on one worker, one test after another: the longest chain of
+    the run, so it must start at once. Inside ``rocketmq`` the modules that share its
+    cluster run one after another, before the modules that start clusters of their own:
+    the shared cluster then starts once, instead of again after each module that stopped
+    it (a start costs 5-10 s). The order of the tests of one module is kept."""
+    groups = {item: jvm_group(item) for item in items}
+    shared: dict[str, bool] = {}
+
+    def key(pair: tuple[int, pytest.Item]) -> tuple[int, int, int]:
+        index, item = pair
+        group = groups[item]
+        if group is None:
+            return (len(JVM_GROUPS), 0, index)
+        rank = JVM_GROUPS.index(group)
+        if group != "rocketmq":
+            return (rank, 0, index)
+        module = item.getparent(pytest.Module)
+        if module is None:
+            return (rank, 1, index)
+        if module.nodeid not in shared:
+            shared[module.nodeid] = shares_rocketmq_cluster(module, items)
+        return (rank, 0 if shared[module.nodeid] else 1, index)
+
+    items[:] = [item for _, item in sorted(enumerate(items), key=key)]
 
 
 def pytest_runtest_logstart(nodeid: str, location: tuple[str, int | None, str]) -> None:

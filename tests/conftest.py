@@ -6,7 +6,7 @@ import os
 from collections.abc import Iterator
 
 import pytest
-from tests._budget import OneAtATime
+from tests._budget import OneAtATime, shares_rocketmq_cluster
 
 from qclient import LocalCluster
 
@@ -51,14 +51,7 @@ def _one_rocketmq_cluster(
     still takes a sixth of a core (its timer and store services wake every few ms). A
     module whose fixture asks for ``rocketmq_cluster`` only for its ``[rocketmq]`` tests
     (``request.getfixturevalue``) says so with ``pytest.mark.shares_rocketmq_cluster``."""
-    if request.node.get_closest_marker("shares_rocketmq_cluster") is not None:
-        return
-    prefix = request.node.nodeid + "::"
-    if not any(
-        "rocketmq_cluster" in getattr(item, "fixturenames", ())
-        for item in request.session.items
-        if item.nodeid.startswith(prefix)
-    ):
+    if not shares_rocketmq_cluster(request.node, request.session.items):
         _rocketmq_slot.release()
 
 

@@ -218,7 +218,10 @@ def test_master_killed_while_64_threads_send(cluster: RocketMQCluster) -> None:
     master = cluster.broker("broker-a")
     elected_at: float | None = None
 
-    with Producer(cluster.namesrv) as p:
+    # a 10 s budget: 64 threads beside a replicated cluster on a loaded 2-core host made
+    # the default 3 s one's last attempts (0.45 s) time out at healthy brokers, before the
+    # kill as after it; the kill's cost is its connections' errors, not a timeout
+    with Producer(cluster.namesrv, send_timeout=10.0) as p:
         senders = _Senders(p, topic, THREADS, PER_THREAD)
         acked, oks, errors = senders.acked, senders.oks, senders.errors
 
