@@ -84,7 +84,8 @@ def test_same_msg_id_is_stored_once(cluster):
 
 def test_cancel_before_firing_and_after(cluster):
     with Producer(cluster.namesrv) as producer:
-        doomed = producer.send_delayed("cancel", b"never", delay=1.5)
+        # 5 s: the cancel must come before its time even on a loaded host
+        doomed = producer.send_delayed("cancel", b"never", delay=5.0)
         kept = producer.send_delayed("cancel", b"kept", delay=0.2)
         assert producer.cancel(doomed) is True
         got = drain(cluster.namesrv, "cancel", "g", expected=1, timeout=10)

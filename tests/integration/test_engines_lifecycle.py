@@ -35,7 +35,10 @@ def cluster(request: pytest.FixtureRequest):
 
 def test_lookup_sync_and_async_from_another_producer(cluster):
     topic = engine_topic(cluster, "lc-lookup")
-    with Producer(cluster.namesrv) as sender:
+    # a 30 s budget: an attempt that timed out on a loaded host would leave a second copy
+    # (on the broker that stored it late) for the clean-up to recall, which this test of
+    # lookup is not about
+    with Producer(cluster.namesrv, send_timeout=30.0) as sender:
         generated = sender.send_delayed(topic, b"x", delay=2 * 86_400)
         chosen = sender.send_delayed(topic, b"y", delay=3600, msg_id="order-42-close")
     with Producer(cluster.namesrv) as other:
@@ -44,8 +47,6 @@ def test_lookup_sync_and_async_from_another_producer(cluster):
             assert info is not None
             assert (info.msg_id, info.topic, info.state) == (r.msg_id, topic, "scheduled")
             assert (info.broker_name, info.deliver_at_ms) == (r.broker_name, r.deliver_at_ms)
-            # one copy: an attempt that timed out on a loaded host may have left another,
-            # and the sender's close waited for its clean-up to recall it
             assert info.fired_at_ms is None and info.copies == 1
         assert other.lookup(topic, "no-such-id") is None
         with pytest.raises(InvalidMessageError):
@@ -72,9 +73,11 @@ def test_reschedule_earlier_and_later_delivers_once_at_the_new_time(cluster):
         early = p.send_delayed(topic, b"early", delay=3600)
         # "late" is moved first, straight after it is sent: its old time must not pass
         # before the move even on a loaded machine; "early" then lands between the two times
-        late = p.send_delayed(topic, b"late", delay=2.0)
-        moved_late = p.reschedule(topic, late.msg_id, delay=5.0)
-        moved_early = p.reschedule(topic, early.msg_id, delay=3.0)
+        # (3 s, then 5 and 10 s: "early" must be read before "late"'s new time, and on a
+        # loaded host reading it took more than the 2 s between 3 and 5 s)
+        late = p.send_delayed(topic, b"late", delay=3.0)
+        moved_late = p.reschedule(topic, late.msg_id, delay=10.0)
+        moved_early = p.reschedule(topic, early.msg_id, delay=5.0)
         assert moved_early.msg_id == early.msg_id and moved_late.msg_id == late.msg_id
         assert moved_late.deliver_at_ms > late.deliver_at_ms + 2000
         assert moved_early.deliver_at_ms > late.deliver_at_ms

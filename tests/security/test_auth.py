@@ -43,7 +43,8 @@ pytestmark = pytest.mark.timeout(120)
 APP = {"access_key": APP_KEY, "secret_key": APP_SECRET}
 OPS = {"access_key": OTHER_KEY, "secret_key": OTHER_SECRET}
 #: a producer that gives up fast, so a wrongly retried refusal would show in the counters
-FAST = {"start_detector_enable": False, "send_timeout": 3.0, "retry_times": 2}
+#: a long budget: a refusal must come at once, far inside it, even on a loaded host
+FAST = {"start_detector_enable": False, "send_timeout": 30.0, "retry_times": 2}
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +102,7 @@ def test_producer_without_valid_credentials_is_refused(cluster, broker_addr, cre
         items = {f.name: f for f in p.fault_items()}
     # Not retried, and the broker is not isolated for it.
     assert stats["retried"] == 0, stats
-    assert elapsed < 2.0
+    assert elapsed < 0.5 * FAST["send_timeout"]  # refused at once, not after the timeout
     assert items["broker-a"].available and items["broker-a"].isolated_until is None
     assert appended(broker_addr) == before
 
@@ -248,9 +249,9 @@ def test_consumer_with_bad_credentials_raises_auth_error(cluster):
         with Consumer(cluster.namesrv, topic, "g-bad", **creds) as consumer:
             started = time.monotonic()
             with pytest.raises(AuthError) as info:
-                consumer.poll(10, timeout=3.0)
+                consumer.poll(10, timeout=30.0)
             assert info.value.code == code
-            assert time.monotonic() - started < 2.0  # refused at once, not after the timeout
+            assert time.monotonic() - started < 10.0  # refused at once, not after the timeout
 
 
 # --- accepted ------------------------------------------------------------------------

@@ -298,8 +298,8 @@ def test_timeout_on_paused_namesrv_then_close_fails_in_flight(
             t0 = time.monotonic()
             conn.close()
             for th in threads:
-                th.join(5)
-            assert time.monotonic() - t0 < 5.0
+                th.join(LONG / 6)
+            assert time.monotonic() - t0 < LONG / 6  # at once, not after the timeout
             got = [failures.get_nowait() for _ in range(4)]
             assert all(isinstance(e, RemotingConnectionError) for e in got), got
             with pytest.raises(RemotingConnectionError):
@@ -348,8 +348,8 @@ def test_idle_connection_closed_by_peer_is_replaced(
 def test_connect_refused() -> None:
     t0 = time.monotonic()
     with pytest.raises(RemotingConnectionError):
-        Connection(f"127.0.0.1:{_free_port()}", connect_timeout=2.0)
-    assert time.monotonic() - t0 < 1.0
+        Connection(f"127.0.0.1:{_free_port()}", connect_timeout=LONG)
+    assert time.monotonic() - t0 < LONG / 6  # refused at once, not after the timeout
 
 
 # --- asyncio -------------------------------------------------------------------------------
@@ -492,19 +492,19 @@ def test_async_killed_namesrv_fails_calls_fast(doomed_namesrv: Namesrv, run: Any
             ns.signal(signal.SIGKILL)
             got = await asyncio.gather(*singles, return_exceptions=True)
             got += await batch
-            assert time.monotonic() - t0 < 5.0  # against a 60 s timeout
+            assert time.monotonic() - t0 < LONG / 6  # against a 60 s timeout
             assert len(got) == 18
             assert all(isinstance(e, RemotingConnectionError) for e in got), got
             assert conn.closed
             t0 = time.monotonic()
             with pytest.raises(RemotingConnectionError):
                 await conn.call(_probe("new"), LONG)
-            assert time.monotonic() - t0 < 1.0
+            assert time.monotonic() - t0 < LONG / 6  # at once, not after the timeout
             await asyncio.to_thread(ns.proc.wait, 10)  # see the blocking test
             t0 = time.monotonic()
             with pytest.raises(RemotingConnectionError):
                 await pool.get(ns.addr)
-            assert time.monotonic() - t0 < 1.0
+            assert time.monotonic() - t0 < LONG / 6  # at once, not after the timeout
 
     run(main())
 
@@ -536,7 +536,7 @@ def test_killed_namesrv_fails_calls_fast(doomed_namesrv: Namesrv, by_callers: bo
         ns.signal(signal.SIGKILL)
         for th in threads:
             th.join(10)
-        assert time.monotonic() - t0 < 5.0  # against a 60 s timeout
+        assert time.monotonic() - t0 < LONG / 6  # against a 60 s timeout
         got = [results.get_nowait() for _ in range(9)]
         batches = [r for r in got if isinstance(r, list)]
         singles = [r for r in got if not isinstance(r, list)]
@@ -546,11 +546,11 @@ def test_killed_namesrv_fails_calls_fast(doomed_namesrv: Namesrv, by_callers: bo
         t0 = time.monotonic()
         with pytest.raises(RemotingConnectionError):
             conn.call(_probe("new"), LONG)
-        assert time.monotonic() - t0 < 1.0
+        assert time.monotonic() - t0 < LONG / 6  # at once, not after the timeout
         # the dying JVM closes its connections before its listening socket: until it has
         # exited, a connect may still be accepted (by the kernel, into the backlog)
         ns.proc.wait(10)
         t0 = time.monotonic()
         with pytest.raises(RemotingConnectionError):
             pool.get(ns.addr)  # a new connection: refused
-        assert time.monotonic() - t0 < 1.0
+        assert time.monotonic() - t0 < LONG / 6  # at once, not after the timeout
