@@ -210,6 +210,10 @@ def _kind(cmdline: str) -> str:
         return "rocketmq-broker"
     if "ControllerStartup" in cmdline:
         return "rocketmq-controller"
+    if "org.apache.spark.launcher.Main" in cmdline:
+        # spark-submit's launcher: it prints the driver's command line and exits, and on a
+        # loaded host its JVM may still be exiting when the driver it launched starts
+        return "spark-launcher"
     if "org.apache.spark.deploy.SparkSubmit" in cmdline:
         # a local session's or an application's driver, or a Connect server (its own driver)
         return "spark-driver"

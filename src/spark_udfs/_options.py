@@ -61,8 +61,13 @@ def _str(name: str, raw: Any) -> str:
 
 
 #: Producer options whose default differs in the sink. Larger requests cost less CPU per
-#: row on both sides (spark_bench: Spark 44 -> 29 us, brokers 19 -> 12 us per row).
-SINK_PRODUCER_DEFAULTS: dict[str, Any] = {"batch_max_messages": 1000}
+#: row on both sides (spark_bench: Spark 44 -> 29 us, brokers 19 -> 12 us per row). A
+#: 30 s budget (Kafka's request.timeout.ms, under its Spark sink's 120 s
+#: delivery.timeout.ms): a pipeline wants each row once more than an answer within 3 s,
+#: and on a loaded host a 1 s attempt share timed out twice at a broker that stored the
+#: rows, the last attempt went to the id's next broker, and rows due within a second
+#: fired from both before the clean-up could cancel one (decision 0035).
+SINK_PRODUCER_DEFAULTS: dict[str, Any] = {"batch_max_messages": 1000, "send_timeout": 30.0}
 
 _SINK_CONVERTERS: dict[str, Callable[[str, Any], Any]] = {
     "topic": _str,

@@ -85,7 +85,7 @@ def test_options_case_insensitive_and_every_producer_option() -> None:
     )
     kw = opts.producer_kwargs
     assert kw["namesrv"] == "127.0.0.1:1"
-    assert kw["send_timeout"] == 1.5 and kw["retry_times"] == 4
+    assert kw["send_timeout"] == 1.5 and kw["retry_times"] == 4  # over the sink's defaults
     assert kw["batch_max_messages"] == 64 and kw["linger_ms"] == 2.0
     assert kw["send_latency_fault_enable"] is False
     assert kw["access_key"] == "app" and kw["secret_key"] == "hunter2"
@@ -110,6 +110,16 @@ def test_options_case_insensitive_and_every_producer_option() -> None:
 def test_bad_options_are_clear_errors(options: dict[str, str], needle: str) -> None:
     with pytest.raises(OptionError, match=needle):
         parse_options(options)
+
+
+def test_sink_defaults_differ_from_the_producers_where_a_pipeline_needs_it() -> None:
+    """Larger requests, and a 30 s budget: a row once matters more than a quick answer
+    (decision 0035); the producer itself keeps 3 s."""
+    from qclient._config import ProducerConfig
+
+    kw = parse_options({"namesrv": "127.0.0.1:1", "topic": "t"}).producer_kwargs
+    assert kw["send_timeout"] == 30.0 and kw["batch_max_messages"] == 1000
+    assert ProducerConfig.create("127.0.0.1:1").send_timeout == 3.0
 
 
 def test_secret_not_in_option_errors() -> None:
