@@ -400,7 +400,10 @@ class AmbiguousCopies:
         round_ms = _RETRY_S * 1000
         at = max(c.deliver_at_ms - _LATE_ASK_MS, self._clock_ms() + 2 * round_ms)
         if c.late_ask and at <= c.deliver_at_ms - round_ms:
-            c.late_ask, c.not_found = False, 0
+            # the late ask is one ask: any late request reached the broker long before, so
+            # one "not found" then is final (four, a second apart, would not fit before the
+            # message is due, and the copy would end "too late")
+            c.late_ask, c.not_found, c.asks = False, 0, 1
             key = (c.topic, c.msg_id, c.broker)
             with self._lock:
                 if self._pending.pop(key, None) is not None and not self._closed:

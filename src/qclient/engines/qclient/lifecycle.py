@@ -21,6 +21,7 @@ from ...errors import (
     QClientError,
     SendTimeoutError,
 )
+from ...producer._ambiguous import is_ambiguous
 from ...producer._plan import MIN_ATTEMPT, HttpCall, Plan, Sleep
 from ...producer.lifecycle import (
     check_id,
@@ -66,8 +67,17 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-def _ask_all(core: ProducerCore, addrs: dict[str, str], path: str, body: bytes, topic: str) -> Plan:
-    """POST ``body`` to every broker at once; returns broker -> response or its error."""
+def _ask_all(
+    core: ProducerCore,
+    addrs: dict[str, str],
+    path: str,
+    body: bytes,
+    topic: str,
+    reached: set[str] | None = None,
+) -> Plan:
+    """POST ``body`` to every broker at once; returns broker -> response or its error.
+    ``reached`` gets the brokers a failed attempt may have reached (``is_ambiguous``): a
+    retry there may find the request's work done."""
     deadline = time.monotonic() + core.cfg.send_timeout
     pending = sorted(addrs)
     answers: dict[str, Any] = {}
@@ -87,6 +97,8 @@ def _ask_all(core: ProducerCore, addrs: dict[str, str], path: str, body: bytes, 
                 outcome, err = classify_exception(
                     res.exc or RuntimeError("no response"), broker=b, timeout=timeout
                 )
+                if reached is not None and is_ambiguous(res.exc):
+                    reached.add(b)
             elif res.response.status == 200:
                 core.record(b, res.latency_ms, Outcome.OK)
                 answers[b] = res.response
@@ -150,11 +162,14 @@ def plan_cancel_id(
     """Returns True if a copy was cancelled by this call."""
     check_id(topic, msg_id)
     body = encode(CancelRequest(topic, msg_id, deliver_at_ms), core.content_type)
-    answers = yield from _ask_all(core, master_addrs_of(addrs, topic), BROKER_CANCEL, body, topic)
+    reached: set[str] = set()
+    masters = master_addrs_of(addrs, topic)
+    answers = yield from _ask_all(core, masters, BROKER_CANCEL, body, topic, reached)
     oks, errs = _split(answers, CancelResponse)
     found = any(r.cancelled or r.reason != "not_found" for r in oks)
     partial(found, errs, f"cancel of {msg_id}")
-    cancelled = any(r.cancelled for r in oks)
+    answered = [b for b in sorted(answers) if not isinstance(answers[b], QClientError)]
+    cancelled = any(_cancelled(r, b in reached) for b, r in zip(answered, oks, strict=True))
     if not cancelled:
         log.info("cancel of %s: %s", msg_id, sorted({r.reason or "" for r in oks}))
     return cancelled
@@ -186,11 +201,19 @@ def plan_cancel(core: ProducerCore, result: SendResult, addr: str) -> Plan:
     )
     broker = result.broker_name
     what = f"cancel of {result.msg_id}"
-    resp = yield from _ask_one(core, broker, addr, BROKER_CANCEL, body, result.topic, what)
+    reached: set[str] = set()
+    resp = yield from _ask_one(core, broker, addr, BROKER_CANCEL, body, result.topic, what, reached)
     answer = decode(resp.content, CancelResponse, resp.media_type)
     if not answer.cancelled:
         log.info("cancel of %s on %s: %s", result.msg_id, broker, answer.reason)
-    return answer.cancelled
+    return _cancelled(answer, broker in reached)
+
+
+def _cancelled(answer: CancelResponse, retried_after_reaching: bool) -> bool:
+    """Whether a broker's answer means this call cancelled its copy. A retry after an
+    attempt that may have reached the broker (it timed out, or lost its connection) finds
+    the copy "already_cancelled" when that attempt did cancel it: the call did."""
+    return answer.cancelled or (retried_after_reaching and answer.reason == "already_cancelled")
 
 
 def plan_lookup_on(core: ProducerCore, topic: str, msg_id: str, broker: str, addr: str) -> Plan:
@@ -204,10 +227,18 @@ def plan_lookup_on(core: ProducerCore, topic: str, msg_id: str, broker: str, add
 
 
 def _ask_one(
-    core: ProducerCore, broker: str, addr: str, path: str, body: bytes, topic: str, what: str
+    core: ProducerCore,
+    broker: str,
+    addr: str,
+    path: str,
+    body: bytes,
+    topic: str,
+    what: str,
+    reached: set[str] | None = None,
 ) -> Plan:
     """POST ``body`` to one broker, retrying transport failures within ``send_timeout``;
-    returns its 200 response or raises its error."""
+    returns its 200 response or raises its error. ``reached`` gets ``broker`` when a failed
+    attempt may have reached it (see ``_ask_all``)."""
     deadline = time.monotonic() + core.cfg.send_timeout
     last: QClientError | None = None
     for attempt in range(1, core.cfg.times_total + 1):
@@ -220,6 +251,8 @@ def _ask_one(
             outcome, last = classify_exception(
                 res.exc or RuntimeError("no response"), broker=broker, timeout=timeout
             )
+            if reached is not None and is_ambiguous(res.exc):
+                reached.add(broker)
             core.record(broker, res.latency_ms, outcome)
             if outcome is Outcome.FINAL:
                 break
