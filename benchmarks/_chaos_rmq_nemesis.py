@@ -53,13 +53,13 @@ OPENING = [
     "stop:master",
 ]
 #: a restarted JVM's deadline to serve (a broker: routed by the NameServer; one started
-#: while the NameServer is down waits for it, then registers within 30 s)
+#: while the NameServer is down waits for it, then registers within 10 s)
 START_TIMEOUT_S = 150.0
 #: how long a restarted or resumed broker JVM may take to be in its SyncStateSet again
 #: before the nemesis counts it as healthy anyway
 IN_SYNC_WAIT_S = 60.0
 #: how long a NameServer fault stays open after the restart, waiting for every group's
-#: route (brokers register every 30 s by default)
+#: route (RocketMQCluster's brokers register every 10 s)
 ROUTES_BACK_S = 60.0
 
 

@@ -80,14 +80,14 @@ def test_master_paused_costs_at_most_one_attempt_share(cluster: RocketMQCluster)
     """A master SIGSTOPped while one thread sends: a call that meets it spends one
     attempt there (its share of ``send_timeout``) and is acknowledged by the other group,
     no call errs, the group takes sends again after SIGCONT, and every acknowledged message
-    is delivered. The budget is large (a 10 s share) so that no load can exhaust it: the
+    is delivered. The budget is large (a 5 s share) so that no load can exhaust it: the
     share's length is a benchmark's figure (failover_bench, java_producer_bench), and a
     second attempt on the paused master would cost a whole second share."""
     _heal(cluster)
     topic = "failover-pause"
     cluster.create_topic(topic, 4)
     victim = cluster.broker("broker-b")
-    send_timeout, retry_times = 30.0, 2
+    send_timeout, retry_times = 15.0, 2
     share = send_timeout / (retry_times + 1)
     acked: dict[str, SendResult] = {}
     errors: list[QClientError] = []
@@ -277,7 +277,7 @@ def test_master_killed_while_64_threads_send(cluster: RocketMQCluster) -> None:
 
 def test_namesrv_restart_costs_no_call(cluster: RocketMQCluster) -> None:
     """The NameServer killed and started again while 8 threads send: no call fails for
-    want of a master. Brokers register again each at its own point of a 30 s period, so for
+    want of a master. Brokers register again each at its own point of a 10 s period, so for
     a while the routes may lack a group or list it by its slave only; the producer, which
     reaches the NameServer on a new connection, takes its routes as partial meanwhile and
     keeps every group and its last master (it refreshes every second here, so it does see
@@ -309,7 +309,7 @@ def test_namesrv_restart_costs_no_call(cluster: RocketMQCluster) -> None:
             ns.start(timeout=120)
             ns_started.set()
             started = time.monotonic()
-            deadline = started + 60  # every broker registers within 30 s
+            deadline = started + 60  # every broker registers within 10 s
             while time.monotonic() < deadline:
                 route = cluster.route(topic, timeout=3.0)  # {} until one registered it
                 headless.update(g for g, addrs in route.items() if 0 not in addrs)

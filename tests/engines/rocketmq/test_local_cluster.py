@@ -376,9 +376,9 @@ def test_a_broker_never_routed_times_out_naming_it_and_its_log(tmp_path: Path) -
         brokers=1,
         data_dir=tmp_path,
         broker_options={"namesrvAddr": "127.0.0.1:1"},
-        startup_timeout=15,
+        startup_timeout=8,
     )
-    with pytest.raises(ClusterError, match=r"^broker broker-a not ready after 15 s") as err:
+    with pytest.raises(ClusterError, match=r"^broker broker-a not ready after 8 s") as err:
         c.start()
     assert f"log {tmp_path / 'broker-a.log'}: " in str(err.value)
     assert not any(n.running for n in c.nodes)

@@ -259,6 +259,9 @@ def broker_config(
         # the default 200 ms sheds sends queued that long ([TIMEOUT_CLEAN_QUEUE]) on a
         # busy 2-core machine
         "waitTimeMillsInSendQueue": 1000,
+        # a broker registers with the NameServers every 10 s (the least RocketMQ allows;
+        # default 30 s): a restarted NameServer routes every broker again within 10 s
+        "registerNameServerPeriod": 10_000,
         # the broker caps these at 90 / 85 %: above them it refuses writes, or (forcibly)
         # deletes commit log files; a test broker refuses rather than drop unread messages
         "diskSpaceWarningLevelRatio": 90,
