@@ -58,7 +58,8 @@ import httpx
 
 from benchmarks._suite.report import target
 from benchmarks.peers.workload import percentile
-from qclient import Consumer, LocalCluster, MessageBatch, Producer
+from qclient import LocalCluster, MessageBatch, Producer
+from qclient.consumer._group import GroupMember
 from qclient.protocol import wire
 
 REPO = Path(__file__).resolve().parents[1]
@@ -66,8 +67,9 @@ QUEUES = 8  # per broker: 16 over the cluster, 5 or 6 per member of 3
 MEMBERS = 3
 GROUP = "rebal"
 SEND_CHUNK = 2048
-#: the consumer's own default lease, read from its signature (one home for it)
-DEFAULT_SESSION_S: float = inspect.signature(Consumer).parameters["session_timeout"].default
+#: the consumer's own default lease, read from the signature of the group member it is on
+#: our engine (one home for it; ``Consumer`` picks its engine in ``__new__``)
+DEFAULT_SESSION_S: float = inspect.signature(GroupMember).parameters["session_timeout"].default
 
 Key = tuple[str, int]  # (broker name, queue id)
 

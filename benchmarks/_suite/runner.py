@@ -108,7 +108,9 @@ def select(only: list[str] | None) -> list[Scenario]:
     return [known[n] for n in names]
 
 
-def _supports_smoke(sc: Scenario, env: dict[str, str]) -> bool:
+def _supports_smoke(sc: Scenario, env: dict[str, str]) -> bool | str:
+    """Whether the script takes ``--smoke``; a script whose ``--help`` fails is broken,
+    not short of the flag: the reason (its last line of stderr) instead."""
     try:
         out = subprocess.run(
             [sys.executable, "-m", sc.module, "--help"],
@@ -120,7 +122,10 @@ def _supports_smoke(sc: Scenario, env: dict[str, str]) -> bool:
             check=False,
         )
     except subprocess.TimeoutExpired:
-        return False
+        return "--help did not finish in 60 s"
+    if out.returncode != 0:
+        last = (out.stderr.strip().splitlines() or ["(no output)"])[-1]
+        return f"--help failed ({out.returncode}): {last}"
     return "--smoke" in out.stdout
 
 
@@ -174,8 +179,12 @@ def run_scenario(
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
     env.setdefault("MPLBACKEND", "Agg")
-    if smoke and not _supports_smoke(sc, env):
-        return {**rec, "status": "skipped", "reason": "script has no --smoke flag"}
+    if smoke:
+        supports = _supports_smoke(sc, env)
+        if isinstance(supports, str):
+            return {**rec, "status": "error", "reason": supports}
+        if not supports:
+            return {**rec, "status": "skipped", "reason": "script has no --smoke flag"}
     args = ["--json", *(("--smoke", *sc.smoke_args) if smoke else sc.args), *extra_args]
     timeout = sc.smoke_timeout_s if smoke else sc.timeout_s
     logs.mkdir(parents=True, exist_ok=True)
