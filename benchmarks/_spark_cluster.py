@@ -81,6 +81,12 @@ def spark_env(**extra: str) -> dict[str, str]:
     return env
 
 
+#: how long a Spark master, worker or Connect server may take to start: a bound against a
+#: hang, not a speed goal (a worker took over 60 s to register with its master on a 2-core
+#: host at load 29, a core busy beside the test suite)
+START_TIMEOUT_S = 240.0
+
+
 class SparkProcess:
     """One Spark JVM started from ``bin/``, its output in ``log``."""
 
@@ -224,9 +230,9 @@ class StandaloneSpark(_Processes):
             self.work_dir / "master.log",
             env,
         )
-        m = self.master.wait_for(r"Starting Spark master at (spark://\S+)", 60)
+        m = self.master.wait_for(r"Starting Spark master at (spark://\S+)", START_TIMEOUT_S)
         self.master_url = m.group(1)
-        self.master.wait_for(r"I have been elected leader", 60)
+        self.master.wait_for(r"I have been elected leader", START_TIMEOUT_S)
         self.worker = self._start(
             "spark worker",
             [
@@ -249,7 +255,7 @@ class StandaloneSpark(_Processes):
             self.work_dir / "worker.log",
             env,
         )
-        self.worker.wait_for(r"Successfully registered with master", 60)
+        self.worker.wait_for(r"Successfully registered with master", START_TIMEOUT_S)
 
 
 class ConnectServer(_Processes):
@@ -316,4 +322,4 @@ class ConnectServer(_Processes):
         self.server = self._start(
             "spark connect server", argv, self.work_dir / "connect.log", spark_env()
         )
-        self.server.wait_for(r"Spark Connect server started", 120)
+        self.server.wait_for(r"Spark Connect server started", START_TIMEOUT_S)

@@ -180,7 +180,9 @@ def test_copy_left_on_a_paused_broker_shares_the_time_and_is_cancelled(cluster):
     # see both in their first route, or the id's retry has no other broker to go to
     wait_until(lambda: routed_brokers() == {a.name, b.name}, 10, "both brokers in the route")
     for attempt in range(8):
-        p = Producer(cluster.namesrv, send_timeout=2.0, start_detector_enable=False)
+        # 2 s attempts: the copies' deliver times, if the retry did not carry the delay,
+        # would differ by 2 s or more, far above what a loaded broker's queueing adds
+        p = Producer(cluster.namesrv, send_timeout=6.0, start_detector_enable=False)
         mid = _id_on(p, topic, a.name, f"copy{attempt}")
         before = log_bytes()
         stop, paused = threading.Event(), threading.Event()
@@ -197,7 +199,7 @@ def test_copy_left_on_a_paused_broker_shares_the_time_and_is_cancelled(cluster):
         watcher = threading.Thread(target=watch)
         watcher.start()
         try:
-            r = p.send_delayed(topic, b"copy", delay=4.0, msg_id=mid)
+            r = p.send_delayed(topic, b"copy", delay=10.0, msg_id=mid)
         finally:
             stop.set()
             watcher.join()
@@ -215,7 +217,9 @@ def test_copy_left_on_a_paused_broker_shares_the_time_and_is_cancelled(cluster):
         assert info.state == MessageState.CANCELLED and info.copies == 2
     copies = [_lookup_on(x.addr, topic, mid) for x in (a, b)]
     assert all(c.found and c.state == wire.STATE_CANCELLED for c in copies)
-    assert abs(copies[0].deliver_at_ms - copies[1].deliver_at_ms) <= 50, copies
-    wait_until(lambda: now_ms() > r.deliver_at_ms + 300, 10, "the deliver time to pass")
+    # the same time but for how long each broker's clock read it after the request came
+    # (119 ms apart at load 29 in a fresh-clone run; a few ms on a quiet host)
+    assert abs(copies[0].deliver_at_ms - copies[1].deliver_at_ms) <= 1000, copies
+    wait_until(lambda: now_ms() > r.deliver_at_ms + 300, 20, "the deliver time to pass")
     got = drain(cluster.namesrv, topic, "g", expected=9, timeout=3.0)
     assert mid not in {m.msg_id for m in got}
