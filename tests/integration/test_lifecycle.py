@@ -6,7 +6,6 @@ import asyncio
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -157,15 +156,39 @@ def test_kill9_right_after_reschedule_delivers_once_at_the_new_time(cluster):
     assert info.state == MessageState.FIRED and info.deliver_at_ms == moved.deliver_at_ms
 
 
+class _StoredThenPaused:
+    """The producer's transport, but the first send carrying ``msg_id`` to ``broker`` is
+    really made (the broker stores the message and answers), then ``node`` is paused
+    (SIGSTOP) and the call raises a read timeout: a broker that hung after storing the
+    message, before its answer got out. Its copy certainly exists, whatever the load."""
+
+    def __init__(self, inner: Any, broker: str, msg_id: str, node: Any) -> None:
+        self._inner, self._broker, self._msg_id, self._node = inner, broker, msg_id, node
+        self.stored = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def perform(self, call: Any, on_write: Any = None) -> Any:
+        answer = self._inner.perform(call, on_write)
+        items = getattr(call, "items", None) or []
+        if self.stored or call.broker != self._broker:
+            return answer
+        if self._msg_id not in {it.wire.msg_id for it in items}:
+            return answer
+        sent = wire.decode(answer.content, wire.SendResponse, answer.media_type)
+        assert all(r.status == wire.SEND_OK for r in sent.results), sent
+        self.stored = True
+        self._node.pause()
+        raise httpx.ReadTimeout(f"{self._broker} stored {self._msg_id} and hung (test)")
+
+
 def test_copy_left_on_a_paused_broker_shares_the_time_and_is_cancelled(cluster):
-    """The first attempt is stored on a broker that is then SIGSTOPped before it answers;
-    the retry is acknowledged by the other broker with the remaining delay."""
+    """The first attempt is stored on a broker that then hangs (SIGSTOP) before its answer
+    gets out; the retry is acknowledged by the other broker with the remaining delay: the
+    two copies share a deliver time, and a cancel by id reaches both."""
     topic = "lc-copies"
     a, b = cluster.brokers
-    commitlog = Path(cluster.data_dir) / a.name / "store" / "commitlog"
-
-    def log_bytes() -> int:
-        return sum(f.stat().st_size for f in commitlog.iterdir())
 
     with Producer(cluster.namesrv) as warm:
         warm.send_batch([Message(topic, b"warm-up", msg_id=f"w{i}") for i in range(8)])
@@ -176,39 +199,21 @@ def test_copy_left_on_a_paused_broker_shares_the_time_and_is_cancelled(cluster):
         route = wire.decode(resp.content, wire.TopicRoute, resp.headers["content-type"])
         return {q.broker_name for q in route.queue_datas}
 
-    # each broker registers the topic after its first message: the producers below must
-    # see both in their first route, or the id's retry has no other broker to go to
+    # each broker registers the topic after its first message: the producer below must
+    # see both in its first route, or the id's retry has no other broker to go to
     wait_until(lambda: routed_brokers() == {a.name, b.name}, 10, "both brokers in the route")
-    for attempt in range(8):
-        # 2 s attempts: the copies' deliver times, if the retry did not carry the delay,
-        # would differ by 2 s or more, far above what a loaded broker's queueing adds
-        p = Producer(cluster.namesrv, send_timeout=6.0, start_detector_enable=False)
-        mid = _id_on(p, topic, a.name, f"copy{attempt}")
-        before = log_bytes()
-        stop, paused = threading.Event(), threading.Event()
-
-        def watch(
-            before: int = before, stop: threading.Event = stop, paused: threading.Event = paused
-        ) -> None:
-            while not stop.is_set():
-                if log_bytes() > before:  # written, maybe not yet fsync'd or answered
-                    a.pause()
-                    paused.set()
-                    return
-
-        watcher = threading.Thread(target=watch)
-        watcher.start()
-        try:
-            r = p.send_delayed(topic, b"copy", delay=10.0, msg_id=mid)
-        finally:
-            stop.set()
-            watcher.join()
-        if paused.is_set() and r.broker_name == b.name:
-            break  # a stopped before answering: the retry went to b
-        a.resume()  # a answered before the stop: try again
+    # 2 s attempts: were the delay not carried to the retry, the copies' deliver times
+    # would differ by the 4 s the two attempts on the hung broker took
+    p = Producer(cluster.namesrv, send_timeout=6.0, start_detector_enable=False)
+    mid = _id_on(p, topic, a.name, "copy")
+    hook = p._http = _StoredThenPaused(p._http, a.name, mid, a)
+    try:
+        r = p.send_delayed(topic, b"copy", delay=10.0, msg_id=mid)
+    except BaseException:
+        a.resume()
         p.close()
-    else:
-        pytest.skip("broker a always answered before it could be stopped")
+        raise
+    assert hook.stored and r.broker_name == b.name
     with p:
         # cancel while a is still stopped; a resumes within the cancel's retries
         threading.Timer(0.5, a.resume).start()
