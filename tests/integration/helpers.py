@@ -7,6 +7,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import httpx
 import pytest
 
 from qclient import Consumer, ReceivedMessage, SendResult
@@ -124,3 +125,37 @@ def engine_topic(cluster: Any, name: str) -> str:
     topic = f"{name}-{cluster.engine}"
     cluster.create_topic(topic, 4)
     return topic
+
+
+class StoredThenHung:
+    """A producer's transport (its ``_http``), but the first send call carrying ``msg_id``
+    to ``broker`` is really made -- the broker stores the message and answers -- and then
+    ``node`` (that broker's process) is paused (SIGSTOP) and the call raises
+    ``httpx.ReadTimeout``: the broker hung after storing the message, before its answer
+    got out. The producer sees an ambiguous attempt whose copy certainly exists, on a
+    broker that stays hung (its detector's probes fail too) until the test resumes it."""
+
+    def __init__(self, inner: Any, broker: str, msg_id: str, node: Any) -> None:
+        self._inner = inner
+        self._broker = broker
+        self._msg_id = msg_id
+        self._node = node
+        self.stored = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def perform(self, call: Any, on_write: Any = None) -> Any:
+        answer = self._inner.perform(call, on_write)
+        if (
+            self.stored
+            or call.broker != self._broker
+            or self._msg_id not in {it.wire.msg_id for it in call.items}
+        ):
+            return answer
+        sent = wire.decode(answer.content, wire.SendResponse, answer.media_type)
+        if any(r.status != wire.SEND_OK for r in sent.results):
+            return answer  # not stored: the test sees ``stored`` False
+        self.stored = True
+        self._node.pause()
+        raise httpx.ReadTimeout(f"{self._broker} stored {self._msg_id} and hung (test)")

@@ -15,7 +15,7 @@ from qclient import AsyncProducer, LocalCluster, Message, MessageState, Producer
 from qclient.errors import InvalidMessageError, MessageNotScheduledError
 from qclient.protocol import wire
 
-from .helpers import drain, not_early, now_ms, wait_until
+from .helpers import StoredThenHung, drain, not_early, now_ms, wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -156,33 +156,6 @@ def test_kill9_right_after_reschedule_delivers_once_at_the_new_time(cluster):
     assert info.state == MessageState.FIRED and info.deliver_at_ms == moved.deliver_at_ms
 
 
-class _StoredThenPaused:
-    """The producer's transport, but the first send carrying ``msg_id`` to ``broker`` is
-    really made (the broker stores the message and answers), then ``node`` is paused
-    (SIGSTOP) and the call raises a read timeout: a broker that hung after storing the
-    message, before its answer got out. Its copy certainly exists, whatever the load."""
-
-    def __init__(self, inner: Any, broker: str, msg_id: str, node: Any) -> None:
-        self._inner, self._broker, self._msg_id, self._node = inner, broker, msg_id, node
-        self.stored = False
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    def perform(self, call: Any, on_write: Any = None) -> Any:
-        answer = self._inner.perform(call, on_write)
-        items = getattr(call, "items", None) or []
-        if self.stored or call.broker != self._broker:
-            return answer
-        if self._msg_id not in {it.wire.msg_id for it in items}:
-            return answer
-        sent = wire.decode(answer.content, wire.SendResponse, answer.media_type)
-        assert all(r.status == wire.SEND_OK for r in sent.results), sent
-        self.stored = True
-        self._node.pause()
-        raise httpx.ReadTimeout(f"{self._broker} stored {self._msg_id} and hung (test)")
-
-
 def test_copy_left_on_a_paused_broker_shares_the_time_and_is_cancelled(cluster):
     """The first attempt is stored on a broker that then hangs (SIGSTOP) before its answer
     gets out; the retry is acknowledged by the other broker with the remaining delay: the
@@ -206,7 +179,7 @@ def test_copy_left_on_a_paused_broker_shares_the_time_and_is_cancelled(cluster):
     # would differ by the 4 s the two attempts on the hung broker took
     p = Producer(cluster.namesrv, send_timeout=6.0, start_detector_enable=False)
     mid = _id_on(p, topic, a.name, "copy")
-    hook = p._http = _StoredThenPaused(p._http, a.name, mid, a)
+    hook = p._http = StoredThenHung(p._http, a.name, mid, a)
     try:
         r = p.send_delayed(topic, b"copy", delay=10.0, msg_id=mid)
     except BaseException:

@@ -14,10 +14,9 @@ from typing import Any
 
 import httpx
 import pytest
-from tests.integration.helpers import drain, wait_until
+from tests.integration.helpers import StoredThenHung, drain, wait_until
 
 from qclient import AsyncProducer, LocalCluster, Producer, QClientError, SendResult, SendStatus
-from qclient.cluster import NodeHandle
 from qclient.fault.strategy import _broker_seed, _hash, id_order, id_owner
 from qclient.producer import _ambiguous
 from qclient.producer._ambiguous import AmbiguousCopies, Unsettled, is_ambiguous
@@ -52,40 +51,6 @@ def _settled(copies: AmbiguousCopies, key: tuple[str, str, str]) -> bool:
     late ask (read under the copies' lock: a late ask moves it from one to the other)."""
     with copies._lock:
         return key not in copies._pending and key not in copies._deferred
-
-
-class _StoredThenHung:
-    """A producer's transport (its ``_http``), but the first send call carrying ``msg_id``
-    to ``broker`` is really made -- the broker stores the message and answers -- and then
-    ``node`` (that broker's process) is paused (SIGSTOP) and the call raises
-    ``httpx.ReadTimeout``: the broker hung after storing the message, before its answer
-    got out. The producer sees an ambiguous attempt whose copy certainly exists, on a
-    broker that stays hung (its detector's probes fail too) until the test resumes it."""
-
-    def __init__(self, inner: Any, broker: str, msg_id: str, node: NodeHandle) -> None:
-        self._inner = inner
-        self._broker = broker
-        self._msg_id = msg_id
-        self._node = node
-        self.stored = False
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    def perform(self, call: Any, on_write: Any = None) -> Any:
-        answer = self._inner.perform(call, on_write)
-        if (
-            self.stored
-            or call.broker != self._broker
-            or self._msg_id not in {it.wire.msg_id for it in call.items}
-        ):
-            return answer
-        sent = wire.decode(answer.content, wire.SendResponse, answer.media_type)
-        if any(r.status != wire.SEND_OK for r in sent.results):
-            return answer  # not stored: the test sees ``stored`` False
-        self.stored = True
-        self._node.pause()
-        raise httpx.ReadTimeout(f"{self._broker} stored {self._msg_id} and hung (test)")
 
 
 class _HeldLookups:
@@ -260,7 +225,7 @@ def test_resend_after_a_failed_send_cancels_the_failed_attempts_copy() -> None:
         # a budget a loaded host does not run out of: no attempt here fails by its timeout
         with Producer(cluster.namesrv, retry_times=0, send_timeout=10.0) as p:
             p.send_delayed("amb-resend", "warm-up", delay=0.1)
-            hang = p._http = _StoredThenHung(p._http, "broker-a", mid, a)
+            hang = p._http = StoredThenHung(p._http, "broker-a", mid, a)
             try:
                 with pytest.raises(QClientError):
                     p.send_delayed("amb-resend", mid, delay=10.0, msg_id=mid)
@@ -292,7 +257,7 @@ def test_close_cancels_the_copies_first() -> None:
         # the retry goes to broker-b; close waits up to send_timeout (20 s) for the copies
         with Producer(cluster.namesrv, retry_times=1, send_timeout=20.0) as p:
             p.send_delayed("amb-close", "warm-up", delay=0.1)
-            hang = p._http = _StoredThenHung(p._http, "broker-a", ids[0], a)
+            hang = p._http = StoredThenHung(p._http, "broker-a", ids[0], a)
             try:
                 # the second goes to b directly: a is isolated (and hung) by then
                 results = [p.send_delayed("amb-close", i, delay=10.0, msg_id=i) for i in ids]

@@ -119,9 +119,10 @@ class MQFaultStrategy:
         ``last_broker``; (4) any queue. Off: (3), else (4). RocketMQ's third tier is any
         queue, so when every other broker is flagged a retry may go back to the broker
         that just failed this send; a flag is older news than that failure, and a retry on
-        a hung broker costs another whole attempt share. The round-robin index runs over the queues
-        that passed the filter, not over all of them, so a filtered-out broker's share is
-        spread evenly instead of landing on the queue after it (apache/rocketmq#5672).
+        a hung broker costs another whole attempt share (decision 0034). The round-robin
+        index runs over the queues that passed the filter, not over all of them, so a
+        filtered-out broker's share is spread evenly instead of landing on the queue after
+        it (apache/rocketmq#5672).
         """
         queues = info.queues
         if not queues:

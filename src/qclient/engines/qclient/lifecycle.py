@@ -119,9 +119,10 @@ def _ask_all(
     return answers
 
 
-def _split(answers: dict[str, Any], kind: type[T]) -> tuple[list[T], list[QClientError]]:
-    """Decoded answers (in broker-name order) and errors; a final refusal is raised."""
-    oks: list[T] = []
+def _split(answers: dict[str, Any], kind: type[T]) -> tuple[dict[str, T], list[QClientError]]:
+    """Broker -> decoded answer (in broker-name order) and the errors; a final refusal is
+    raised."""
+    oks: dict[str, T] = {}
     errs: list[QClientError] = []
     for broker in sorted(answers):
         a = answers[broker]
@@ -131,7 +132,7 @@ def _split(answers: dict[str, Any], kind: type[T]) -> tuple[list[T], list[QClien
             errs.append(a)
             continue
         try:
-            oks.append(decode(a.content, kind, a.media_type))
+            oks[broker] = decode(a.content, kind, a.media_type)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             errs.append(
                 BrokerUnavailableError(
@@ -147,7 +148,7 @@ def plan_lookup(core: ProducerCore, addrs: dict[str, str], topic: str, msg_id: s
     body = encode(LookupRequest(topic, msg_id), core.content_type)
     answers = yield from _ask_all(core, master_addrs_of(addrs, topic), BROKER_LOOKUP, body, topic)
     oks, errs = _split(answers, LookupResponse)
-    copies = [r for r in oks if r.found and r.state is not None]
+    copies = [r for r in oks.values() if r.found and r.state is not None]
     partial(bool(copies), errs, f"lookup of {msg_id}")
     return merge_lookup(topic, msg_id, copies)
 
@@ -166,12 +167,11 @@ def plan_cancel_id(
     masters = master_addrs_of(addrs, topic)
     answers = yield from _ask_all(core, masters, BROKER_CANCEL, body, topic, reached)
     oks, errs = _split(answers, CancelResponse)
-    found = any(r.cancelled or r.reason != "not_found" for r in oks)
+    found = any(r.cancelled or r.reason != "not_found" for r in oks.values())
     partial(found, errs, f"cancel of {msg_id}")
-    answered = [b for b in sorted(answers) if not isinstance(answers[b], QClientError)]
-    cancelled = any(_cancelled(r, b in reached) for b, r in zip(answered, oks, strict=True))
+    cancelled = any(_cancelled(r, b in reached) for b, r in oks.items())
     if not cancelled:
-        log.info("cancel of %s: %s", msg_id, sorted({r.reason or "" for r in oks}))
+        log.info("cancel of %s: %s", msg_id, sorted({r.reason or "" for r in oks.values()}))
     return cancelled
 
 
@@ -183,14 +183,14 @@ def plan_reschedule(core: ProducerCore, addrs: dict[str, str], request: Reschedu
         core, master_addrs_of(addrs, topic), BROKER_RESCHEDULE, body, topic
     )
     oks, errs = _split(answers, RescheduleResponse)
-    moved = [r for r in oks if r.rescheduled]
-    partial(bool(moved) or any(r.state for r in oks), errs, f"reschedule of {msg_id}")
+    moved = [r for r in oks.values() if r.rescheduled]
+    partial(bool(moved) or any(r.state for r in oks.values()), errs, f"reschedule of {msg_id}")
     if moved:
         r = moved[0]
         return SendResult(
             msg_id, SendStatus.SEND_OK, r.broker_name, r.queue_id, r.deliver_at_ms, topic
         )
-    raise not_rescheduled(topic, msg_id, (r.state for r in oks))
+    raise not_rescheduled(topic, msg_id, (r.state for r in oks.values()))
 
 
 def plan_cancel(core: ProducerCore, result: SendResult, addr: str) -> Plan:
