@@ -121,52 +121,51 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if item.get_closest_marker("jvm") is None:
                 item.add_marker(pytest.mark.jvm(group))
             item.add_marker(pytest.mark.xdist_group(group), append=False)
-    run_order(items)
+    sharing = config.stash[_SHARING] = _sharing_modules(items)
+    run_order(items, sharing)
 
 
 #: the marker of a module that shares the RocketMQ cluster only for some tests (conftest)
 SHARES_MARK = "shares_rocketmq_cluster"
+#: the node ids of the modules that share it, found once at collection
+_SHARING = pytest.StashKey[set[str]]()
 
 
-def shares_rocketmq_cluster(
-    module: pytest.Item | pytest.Collector, items: list[pytest.Item]
-) -> bool:
-    """Whether the tests of ``module`` (among ``items``) use the shared RocketMQ cluster:
-    one of them asks for ``rocketmq_cluster``, or the module is marked ``SHARES_MARK``."""
-    if module.get_closest_marker(SHARES_MARK) is not None:
-        return True
-    prefix = module.nodeid + "::"
-    return any(
-        "rocketmq_cluster" in getattr(item, "fixturenames", ())
-        for item in items
-        if item.nodeid.startswith(prefix)
-    )
+def _sharing_modules(items: list[pytest.Item]) -> set[str]:
+    """The modules (node ids) one of whose tests asks for ``rocketmq_cluster``, or that
+    are marked ``SHARES_MARK``."""
+    out: set[str] = set()
+    for item in items:
+        module = item.getparent(pytest.Module)
+        if module is not None and (
+            "rocketmq_cluster" in getattr(item, "fixturenames", ())
+            or module.get_closest_marker(SHARES_MARK) is not None
+        ):
+            out.add(module.nodeid)
+    return out
 
 
-def run_order(items: list[pytest.Item]) -> None:
+def shares_rocketmq_cluster(module: pytest.Item | pytest.Collector) -> bool:
+    """Whether the tests of ``module`` use the shared RocketMQ cluster."""
+    return module.nodeid in module.config.stash.get(_SHARING, set())
+
+
+def run_order(items: list[pytest.Item], sharing: set[str]) -> None:
     """Reorder ``items``: the JVM groups first, ``rocketmq`` then ``spark``, then every
     other test. A group runs on one worker, one test after another: the longest chain of
     the run, so it must start at once. Inside ``rocketmq`` the modules that share its
-    cluster run one after another, before the modules that start clusters of their own:
-    the shared cluster then starts once, instead of again after each module that stopped
-    it (a start costs 5-10 s). The order of the tests of one module is kept."""
-    groups = {item: jvm_group(item) for item in items}
-    shared: dict[str, bool] = {}
+    cluster (``sharing``) run one after another, before the modules that start clusters
+    of their own: the shared cluster then starts once, instead of again after each module
+    that stopped it (a start costs 5-10 s). The order of the tests of one module is kept."""
 
     def key(pair: tuple[int, pytest.Item]) -> tuple[int, int, int]:
         index, item = pair
-        group = groups[item]
+        group = jvm_group(item)
         if group is None:
             return (len(JVM_GROUPS), 0, index)
-        rank = JVM_GROUPS.index(group)
-        if group != "rocketmq":
-            return (rank, 0, index)
         module = item.getparent(pytest.Module)
-        if module is None:
-            return (rank, 1, index)
-        if module.nodeid not in shared:
-            shared[module.nodeid] = shares_rocketmq_cluster(module, items)
-        return (rank, 0 if shared[module.nodeid] else 1, index)
+        own = group == "rocketmq" and (module is None or module.nodeid not in sharing)
+        return (JVM_GROUPS.index(group), int(own), index)
 
     items[:] = [item for _, item in sorted(enumerate(items), key=key)]
 

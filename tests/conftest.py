@@ -58,7 +58,7 @@ def _one_rocketmq_cluster(
     still takes a sixth of a core (its timer and store services wake every few ms). A
     module whose fixture asks for ``rocketmq_cluster`` only for its ``[rocketmq]`` tests
     (``request.getfixturevalue``) says so with ``pytest.mark.shares_rocketmq_cluster``."""
-    if not shares_rocketmq_cluster(request.node, request.session.items):
+    if not shares_rocketmq_cluster(request.node):
         _rocketmq_slot.release()
 
 
