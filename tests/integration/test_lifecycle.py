@@ -138,8 +138,10 @@ def test_cancel_whose_answer_was_lost_is_true(cluster, by: str) -> None:
 def test_kill9_right_after_reschedule_delivers_once_at_the_new_time(cluster):
     topic = "lc-kill"
     with Producer(cluster.namesrv, send_timeout=10) as p:
-        r = p.send_delayed(topic, b"moved", delay=1.5)
-        moved = p.reschedule(topic, r.msg_id, delay=5.0)
+        # the reschedule must land before the old time: 6 s leave room for a send retried
+        # after a stalled 2.5 s attempt (seen on a loaded host)
+        r = p.send_delayed(topic, b"moved", delay=6.0)
+        moved = p.reschedule(topic, r.msg_id, delay=12.0)
         broker = next(b for b in cluster.brokers if b.name == moved.broker_name)
         broker.kill()  # acknowledged = durable: the one reschedule record survives
     broker.start()

@@ -309,7 +309,8 @@ def namesrv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int
         "-Xms128m",
         "-Xmx128m",
         "-XX:+UseSerialGC",
-        *os.environ.get(JVM_OPTS_ENV, "").split(),  # the suite's cheaper JIT (conftest)
+        "-XX:TieredStopAtLevel=1",  # C1 only: it lives seconds (as in test_connection)
+        *os.environ.get(JVM_OPTS_ENV, "").split(),
         f"-Duser.home={tmp}",
         f"-Drocketmq.home.dir={tmp}",
         f"-Drmq.logback.configurationFile={tmp / 'logback.xml'}",

@@ -234,8 +234,9 @@ def test_bench_summary_and_fault_timeline(namesrv: str, tmp_path: Path) -> None:
         namesrv, fault_topic, "faults", threads=2, duration_s=2, rate=50, warmup=0, out=out
     )
     sends = read_timeline(out)
-    # 50/s for 2 s: about 100 sends, fewer only when the host stalls.
-    assert 50 <= len(sends) == faults["count"] == faults["ok"] <= 101, faults
+    # 50/s for 2 s: at most 101 sends (the rate holds), about 100 on a quiet host; a stalled
+    # one makes as few as 2 (seen: the peer's first sends took its whole 2 s at load 13)
+    assert 1 <= len(sends) == faults["count"] == faults["ok"] <= 101, faults
     assert all(s["ok"] and s["key"] and s["uniqKey"] for s in sends)
     assert all(s["startMs"] <= s["endMs"] for s in sends)
     assert len({s["key"] for s in sends}) == len(sends)

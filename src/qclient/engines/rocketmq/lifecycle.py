@@ -22,10 +22,13 @@ the requests and how their answers read).
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from cachetools import TTLCache
 
 from ..._models import MessageState, SendResult, SendStatus
 from ...errors import (
@@ -87,6 +90,9 @@ _END_AHEAD_MS = 86_400_000
 #: rounds of asking again for an id no master knows (it may not be indexed yet)
 _UNKNOWN_ROUNDS = 4
 _UNKNOWN_PAUSE_S = 0.05
+#: a producer's own recalls, remembered until the brokers' indexes surely show them
+_RECALLED_KEYS = 65_536
+_RECALLED_TTL_S = 600.0
 
 
 @dataclass(slots=True, eq=False)
@@ -165,15 +171,6 @@ def _copy(broker: str, kl: KeyLookup) -> Copy | None:
     return Copy(broker, state, kl.deliver_ms or 0, None, kl.queue_id or 0)
 
 
-def _live_slots(kl: KeyLookup) -> list[int]:
-    """The slots of the scheduled copies no tombstone covers (the ones still to fire)."""
-    if kl.state is not KeyState.SCHEDULED:
-        return []
-    dead = {t.properties.get(msg.TIMER_OUT_MS) for t in kl.tombstones}
-    slots = {m.properties.get(msg.TIMER_OUT_MS) for m in kl.scheduled} - dead
-    return sorted(int(s) for s in slots if s is not None and s.lstrip("-").isdigit())
-
-
 def _unsupported(feature: str, res: RecallResult) -> QClientError | None:
     """The typed error of a broker that cannot recall at all (recall off, too old)."""
     if res.reason is RecallRefusal.DISABLED:
@@ -191,6 +188,23 @@ class RocketMQLifecycle:
 
     def __init__(self) -> None:
         self._precision: dict[str, int] = {}
+        # (broker, topic, id) -> the slots this producer recalled there: a broker indexes a
+        # tombstone asynchronously (ReputMessageService), so a lookup straight after a recall
+        # may not show it; this producer's own lookups, cancels and reschedules count these
+        self._recalled: TTLCache[tuple[str, str, str], frozenset[int]] = TTLCache(
+            _RECALLED_KEYS, _RECALLED_TTL_S
+        )
+        self._recalled_lock = threading.Lock()
+
+    def _own_recalls(self, broker: str, topic: str, msg_id: str) -> frozenset[int]:
+        with self._recalled_lock:
+            return self._recalled.get((broker, topic, msg_id), frozenset())
+
+    def _note_recalls(self, broker: str, topic: str, msg_id: str, slots: list[int]) -> None:
+        if slots:
+            with self._recalled_lock:
+                key = (broker, topic, msg_id)
+                self._recalled[key] = self._recalled.get(key, frozenset()) | set(slots)
 
     # --- lookup -------------------------------------------------------------------------
 
@@ -227,7 +241,8 @@ class RocketMQLifecycle:
                 except QClientError as exc:
                     found[broker] = exc
                     continue
-                found[broker] = classify(topic, msg_id, real, timer)
+                mine = self._own_recalls(broker, topic, msg_id)
+                found[broker] = classify(topic, msg_id, real, timer, mine)
             known = any(
                 isinstance(v, KeyLookup) and v.state is not KeyState.UNKNOWN for v in found.values()
             )
@@ -292,6 +307,10 @@ class RocketMQLifecycle:
                 unsupported = _unsupported(feature, r)
                 if unsupported is not None:
                     raise unsupported
+            # one answer per slot asked, in order
+            recalled = zip(slots[broker], results, strict=True)
+            done = [s for s, r in recalled if r.outcome is RecallOutcome.RECALLED]
+            self._note_recalls(broker, topic, msg_id, done)
             out[broker] = results
         return out
 
@@ -310,7 +329,7 @@ class RocketMQLifecycle:
             core, addrs, topic, msg_id, deadline, deliver_at_ms is not None
         )
         copies, errs = _split(found)
-        slots = {b: _live_slots(v) for b, v in found.items() if isinstance(v, KeyLookup)}
+        slots = {b: v.live_slots() for b, v in found.items() if isinstance(v, KeyLookup)}
         recalled = yield from self._recall(core, addrs, topic, msg_id, slots, deadline, "cancel")
         cancelled = False
         for broker, results in recalled.items():
@@ -359,7 +378,7 @@ class RocketMQLifecycle:
         deadline = time.monotonic() + core.cfg.send_timeout
         found = yield from self._lookups(core, addrs, topic, msg_id, deadline, True)
         copies, errs = _split(found)
-        live = {b: kl for b, kl in found.items() if isinstance(kl, KeyLookup) and _live_slots(kl)}
+        live = {b: kl for b, kl in found.items() if isinstance(kl, KeyLookup) and kl.live_slots()}
         partial(bool(live) or bool(copies), errs, f"reschedule of {msg_id}")
         if not live:
             raise not_rescheduled(topic, msg_id, (c.state for c in copies))
@@ -387,7 +406,7 @@ class RocketMQLifecycle:
     ) -> Plan:
         """Move one broker's scheduled copy: send the new one, then recall the old slots."""
         topic, msg_id = kl.topic, kl.uniq_key
-        old_slots = _live_slots(kl)
+        old_slots = kl.live_slots()
         new_slot = timer_slot(new_ms, precision)
         if new_slot in old_slots:
             if new_ms > (kl.deliver_ms or 0):

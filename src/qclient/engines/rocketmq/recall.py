@@ -372,6 +372,15 @@ class KeyLookup:
     scheduled: list[StoredMessage] = field(default_factory=list, repr=False)
     tombstones: list[StoredMessage] = field(default_factory=list, repr=False)
     fired: list[StoredMessage] = field(default_factory=list, repr=False)
+    #: the slots (TIMER_OUT_MS) recalled: by the tombstones, and by ``classify``'s ``recalled``
+    dead_slots: frozenset[int] = frozenset()
+
+    def live_slots(self) -> list[int]:
+        """The slots of the scheduled copies no recall covers (the ones still to fire)."""
+        if self.state is not KeyState.SCHEDULED:
+            return []
+        slots = {_int(m.properties, TIMER_OUT_MS) for m in self.scheduled}
+        return sorted(s for s in slots if s is not None and s not in self.dead_slots)
 
 
 def classify(
@@ -379,10 +388,12 @@ def classify(
     uniq_key: str,
     real: Iterable[StoredMessage],
     timer: Iterable[StoredMessage],
+    recalled: Iterable[int] = (),
 ) -> KeyLookup:
     """The state of ``uniq_key`` of ``topic`` from what one broker's two queries returned
     (``lookup_requests``, read by ``read_query``): ``real`` from the real topic, ``timer``
-    from ``TIMER_TOPIC``.
+    from ``TIMER_TOPIC``; ``recalled``: slots the caller knows it recalled on this broker,
+    whose tombstones the broker's index may not show yet (it is built asynchronously).
 
     FIRED wins (a recall stored too late to be applied leaves a tombstone too). A
     tombstone counts only in its own slot, as the broker applies it, so a key sent again
@@ -419,8 +430,8 @@ def classify(
         )
     if not scheduled:
         return KeyLookup(KeyState.UNKNOWN, uniq_key, topic, tombstones=tombstones)
-    recalled = {_int(t.properties, TIMER_OUT_MS) for t in tombstones}
-    live = [m for m in scheduled if _int(m.properties, TIMER_OUT_MS) not in recalled]
+    dead = {_int(t.properties, TIMER_OUT_MS) for t in tombstones} | set(recalled)
+    live = [m for m in scheduled if _int(m.properties, TIMER_OUT_MS) not in dead]
     last = max(live or scheduled, key=lambda m: m.store_ms)
     return KeyLookup(
         KeyState.SCHEDULED if live else KeyState.RECALLED,
@@ -433,4 +444,5 @@ def classify(
         scheduled,
         tombstones,
         [],
+        frozenset(d for d in dead if d is not None),
     )
