@@ -360,9 +360,14 @@ class Nemesis(threading.Thread):
                     self.failures.append(f"heal {node.name}: {err}")
 
 
+#: a restarted broker's deadline to serve: a bound against a hang. Three brokers replaying
+#: their stores at once after the all-down took over 30 s (the default) at load 35
+START_TIMEOUT_S = 120.0
+
+
 def _try_start(node: NodeHandle) -> str | None:
     try:
-        node.start()
+        node.start(timeout=START_TIMEOUT_S)
     except Exception as exc:
         return f"{type(exc).__name__}: {exc}"
     return None

@@ -41,7 +41,14 @@ DURABLE = {
 OTHERS = [
     # each runs a whole script with its own cluster: slow, out of make test-quick
     pytest.param(
-        sc, id=sc.name, marks=[pytest.mark.slow, *([pytest.mark.jvm(sc.jvm)] if sc.jvm else [])]
+        sc,
+        id=sc.name,
+        marks=[
+            pytest.mark.slow,
+            # the script's own bound ends it first (run_scenario), with its output
+            pytest.mark.timeout(sc.smoke_timeout_s + 60),
+            *([pytest.mark.jvm(sc.jvm)] if sc.jvm else []),
+        ],
     )
     for sc in SCENARIOS
     if sc.smoke and sc.name not in ("peers", "chaos_bench")

@@ -59,8 +59,11 @@ def test_fired_ahead_is_served_early_only_to_holding_readers(cluster: LocalClust
         )
         assert [m.msg_id for m in held] == [late.msg_id]
         assert held[0].fired_at_ms < late.deliver_at_ms  # ahead of its time
+        # a plain pull is served only what is due by the broker's clock as it answers
+        # (nothing yet, unless the host stalled this thread past the deliver time)
         plain = _pull(b.addr, "plain")
-        assert plain.messages == [] and plain.clock_ns // 1_000_000 < late.deliver_at_ms
+        due = plain.clock_ns // 1_000_000
+        assert all(m.deliver_at_ms <= due for m in plain.messages), (due, plain.messages)
         assert plain.fire_ahead_ms == AHEAD_MS
 
         # due now, but behind the first message of the queue: the SDK releases it at

@@ -158,6 +158,43 @@ def test_kill9_right_after_reschedule_delivers_once_at_the_new_time(cluster):
     assert info.state == MessageState.FIRED and info.deliver_at_ms == moved.deliver_at_ms
 
 
+def _routed_brokers(cluster: LocalCluster, topic: str) -> set[str]:
+    """The brokers of ``topic``'s route at the name server now."""
+    url = f"http://{cluster.namesrv}{wire.NAMESRV_ROUTE.format(topic=topic)}"
+    resp = httpx.get(url)
+    route = wire.decode(resp.content, wire.TopicRoute, resp.headers["content-type"])
+    return {q.broker_name for q in route.queue_datas}
+
+
+def test_cancel_by_id_reaches_a_broker_that_left_the_route(cluster):
+    """A broker paused past the name server's expiry leaves the topic's route while it
+    holds a copy; the producer that saw it leave still asks it by id: the cancel reaches
+    the copy once the broker resumes, so the copy never fires."""
+    topic = "lc-left"
+    a, b = cluster.brokers
+    with Producer(cluster.namesrv) as warm:
+        warm.send_batch([Message(topic, b"warm-up", msg_id=f"w{i}") for i in range(8)])
+    # the producer's first route lists both as registered (not the auto-create route, after
+    # which a broker missing from the next one is taken as not registered yet)
+    wait_until(lambda: _routed_brokers(cluster, topic) == {a.name, b.name}, 10, "both routed")
+    with Producer(cluster.namesrv, send_timeout=10.0, start_detector_enable=False) as p:
+        mid = _id_on(p, topic, a.name, "left")
+        r = p.send_delayed(topic, b"left", delay=60.0, msg_id=mid)
+        assert r.broker_name == a.name
+        a.pause()
+        try:
+            wait_until(lambda: _routed_brokers(cluster, topic) == {b.name}, 30, "a to expire")
+            # the producer's route now lacks a, as after any refresh while a is away
+            info = p._core.store_route(topic, p._ns.get_route(topic))
+            assert a.name not in info.by_broker and a.name in info.lost
+            threading.Timer(0.5, a.resume).start()  # within the cancel's first attempt
+            assert p.cancel(topic=topic, msg_id=mid) is True
+        finally:
+            a.resume()
+    state = _lookup_on(a.addr, topic, mid)
+    assert state.found and state.state == wire.STATE_CANCELLED, state
+
+
 def test_copy_left_on_a_paused_broker_shares_the_time_and_is_cancelled(cluster):
     """The first attempt is stored on a broker that then hangs (SIGSTOP) before its answer
     gets out; the retry is acknowledged by the other broker with the remaining delay: the
@@ -169,10 +206,7 @@ def test_copy_left_on_a_paused_broker_shares_the_time_and_is_cancelled(cluster):
         warm.send_batch([Message(topic, b"warm-up", msg_id=f"w{i}") for i in range(8)])
 
     def routed_brokers() -> set[str]:
-        url = f"http://{cluster.namesrv}{wire.NAMESRV_ROUTE.format(topic=topic)}"
-        resp = httpx.get(url)
-        route = wire.decode(resp.content, wire.TopicRoute, resp.headers["content-type"])
-        return {q.broker_name for q in route.queue_datas}
+        return _routed_brokers(cluster, topic)
 
     # each broker registers the topic after its first message: the producer below must
     # see both in its first route, or the id's retry has no other broker to go to

@@ -30,7 +30,7 @@ from ..errors import (
 from ..fault.latency import FaultItemSnapshot
 from ..fault.strategy import MQFaultStrategy, id_order
 from ..protocol.wire import ENCODINGS, TopicRoute, WireMessage
-from ..routing.publish_info import MessageQueue, TopicPublishInfo
+from ..routing.publish_info import MessageQueue, TopicPublishInfo, master_addrs
 from ..routing.route_cache import RouteCache
 from ..transport.errors import Outcome
 from ._ambiguous import Unsettled
@@ -163,6 +163,18 @@ class ProducerCore:
 
     def store_route(self, topic: str, route: TopicRoute) -> TopicPublishInfo:
         return self.routes.put(topic, route)
+
+    def id_addrs(self, info: TopicPublishInfo) -> dict[str, str]:
+        """The brokers a call by id (cancel, lookup, reschedule) asks: each master of the
+        topic's route, and each broker the route lost lately at its last address: a broker
+        paused or restarting past the name server's expiry leaves the route while it still
+        holds its copies, which would fire though cancelled."""
+        addrs = master_addrs(info.route)
+        for broker in info.lost:
+            addr = self.routes.last_addr(broker)
+            if broker not in addrs and addr is not None:
+                addrs[broker] = addr
+        return addrs
 
     @staticmethod
     def check_route(info: TopicPublishInfo) -> TopicPublishInfo:

@@ -38,7 +38,7 @@ from ..errors import (
     QClientError,
 )
 from ..fault.index import ContextIndex
-from ..routing.publish_info import TopicPublishInfo, master_addrs
+from ..routing.publish_info import TopicPublishInfo
 from . import lifecycle
 from ._ambiguous import AmbiguousCopies, settle_budget
 from ._background import Background
@@ -346,7 +346,7 @@ class AsyncProducer(ProducerBase):
         info = self._core.cached_route(topic)
         if info is None:
             info = self._core.store_route(topic, await self._ns.get_route(topic))
-        return master_addrs(info.route)
+        return self._core.id_addrs(info)
 
     def _addr_of(self, broker: str) -> str:
         addr = self._core.routes.last_addr(broker)

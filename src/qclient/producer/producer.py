@@ -30,7 +30,7 @@ from .._config import (
 from .._models import Message, MessageBatch, MessageInfo, SendResult
 from ..errors import BrokerUnavailableError, InvalidMessageError, QClientError
 from ..fault.index import ThreadLocalIndex
-from ..routing.publish_info import TopicPublishInfo, master_addrs
+from ..routing.publish_info import TopicPublishInfo
 from . import lifecycle
 from ._ambiguous import AmbiguousCopies, settle_budget
 from ._background import Background
@@ -327,7 +327,7 @@ class Producer(ProducerBase):
         info = self._core.cached_route(topic)
         if info is None:
             info = self._core.store_route(topic, self._ns.get_route(topic))
-        return master_addrs(info.route)
+        return self._core.id_addrs(info)
 
     def _addr_of(self, broker: str) -> str:
         addr = self._core.routes.last_addr(broker)
