@@ -42,8 +42,8 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(APP_TIMEO
 
 APP = Path(__file__).resolve().parent / "spark_app.py"
 
-#: Rows per deployment: a full-size batch write on the cluster, a smaller one through Connect.
-ROWS = {"standalone": 20_000, "connect": 5_000}
+#: Rows of the batch write per deployment: several chunks per partition on each broker
+ROWS = {"standalone": 5_000, "connect": 5_000}
 UDF_ROWS = 1_000
 STREAM_ROWS = 600
 
