@@ -47,7 +47,7 @@ log = logging.getLogger("benchmarks.chaos_bench")
 LONG_MAX = {"qclient": 300.0, "rocketmq": 120.0}
 SMOKE = {
     # duration, short_max, long_max, grace
-    "qclient": (30.0, 5.0, 12.0, 10.0),
+    "qclient": (40.0, 5.0, 12.0, 10.0),
     "rocketmq": (30.0, 4.0, 8.0, 10.0),
 }
 #: --smoke on qclient's engine: the faults its check expects (the all-down's 3 and 3 more)

@@ -36,7 +36,7 @@ DURABLE = {
     "rabbitmq",
 }
 
-#: chaos_bench --smoke is the ~50 s soak, run and checked by tests/integration/test_chaos.py;
+#: chaos_bench --smoke is the ~60 s soak, run and checked by tests/integration/test_chaos.py;
 #: one-off decision experiments (``smoke=False``) are run by hand
 OTHERS = [
     # each runs a whole script with its own cluster: slow, out of make test-quick

@@ -69,16 +69,23 @@ def test_fired_ahead_is_served_early_only_to_holding_readers(cluster: LocalClust
         # due now, but behind the first message of the queue: the SDK releases it at
         # once; a plain reader gets both once the first is due, in offset order
         soon = p.send_delayed(TOPIC, b"soon", delay=0.0)
-        got = c.poll(timeout=1.0)
-        assert [m.msg_id for m in got] == [soon.msg_id]
-        assert now_ms() < late.deliver_at_ms, "too slow to see the hold"
-        c.commit()  # the held first message bounds the commit
-        assert c.committed() == {(b.name, 0): 0}
+        got = [m.msg_id for m in c.poll(timeout=1.0)]
+        after = now_ms()
+        if late.msg_id in got:  # only once due: this thread was stalled past its time
+            assert after >= late.deliver_at_ms, "released before its time"
+        if after < late.deliver_at_ms:
+            # inside the window: "late" held, "soon" behind it released at once, the commit
+            # stopped at the held one. A stall past the 1 s window (the broker's cap) leaves
+            # this unseen here; tests/consumer/test_hold.py proves it on a scripted clock
+            assert got == [soon.msg_id]
+            c.commit()
+            assert c.committed() == {(b.name, 0): 0}
         both = _pull(b.addr, "plain", wait_ms=5000)
         assert now_ms() >= late.deliver_at_ms
         assert [m.msg_id for m in both.messages] == [late.msg_id, soon.msg_id]
-        got = c.poll(timeout=3.0)
-        assert [m.msg_id for m in got] == [late.msg_id]
-        assert now_ms() >= late.deliver_at_ms, "released before its time"
+        if late.msg_id not in got:
+            got += [m.msg_id for m in c.poll(timeout=3.0)]
+            assert now_ms() >= late.deliver_at_ms, "released before its time"
+        assert sorted(got) == sorted([late.msg_id, soon.msg_id])  # each once
         c.commit()
         assert c.committed() == {(b.name, 0): 2}
