@@ -18,7 +18,7 @@ A test states its group with ``pytest.mark.jvm("rocketmq" | "spark")`` (a module
 ``pytestmark``, or one parameter's marks); a test under ``tests/spark/`` is in ``spark``,
 and a ``[rocketmq]`` parameter of a two-engine test in ``rocketmq``, unmarked.
 
-The controller process samples the host's JVMs every 0.2 s for the whole run and prints
+The controller process samples the host's JVMs every second for the whole run and prints
 the peak of each kind at the end; more than one RocketMQ NameServer (each cluster has
 exactly one) or Spark driver at once, or a JVM that appears while no JVM test runs, fails
 the run, naming the tests that were running then, so a change that breaks the budget
@@ -52,7 +52,9 @@ LIMITS = {"rocketmq-namesrv": 1, "spark-driver": 1}
 #: the host-wide lock that the one Spark driver holds (both JVM workers start Spark)
 SPARK_LOCK = Path(tempfile.gettempdir()) / "qclient-tests-spark.lock"
 
-_SAMPLE_S = 0.2
+#: a sample reads /proc for every process (15-20 ms of CPU with the suite's ~300): at 0.2 s
+#: that was ~100 of a run's ~2,000 CPU seconds; every JVM of the budget lives for seconds
+_SAMPLE_S = 1.0
 
 
 def jvm_group(item: pytest.Item) -> str | None:
