@@ -205,12 +205,11 @@ def test_copy_left_on_a_paused_broker_shares_the_time_and_is_cancelled(cluster):
     with Producer(cluster.namesrv) as warm:
         warm.send_batch([Message(topic, b"warm-up", msg_id=f"w{i}") for i in range(8)])
 
-    def routed_brokers() -> set[str]:
-        return _routed_brokers(cluster, topic)
-
     # each broker registers the topic after its first message: the producer below must
     # see both in its first route, or the id's retry has no other broker to go to
-    wait_until(lambda: routed_brokers() == {a.name, b.name}, 10, "both brokers in the route")
+    wait_until(
+        lambda: _routed_brokers(cluster, topic) == {a.name, b.name}, 10, "both brokers in the route"
+    )
     # 2 s attempts: were the delay not carried to the retry, the copies' deliver times
     # would differ by the 4 s the two attempts on the hung broker took
     p = Producer(cluster.namesrv, send_timeout=6.0, start_detector_enable=False)

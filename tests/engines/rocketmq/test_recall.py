@@ -412,12 +412,12 @@ def test_query_by_unique_key(
     assert (look.state, look.deliver_ms, look.timer_out_ms, look.queue_id, look.fired_ms) == (
         KeyState.SCHEDULED, deliver, slot, s.queue_id, None
     )  # fmt: skip
-    assert look.live_slots() == [slot]
+    assert look.live_slots == (slot,)
     # a producer's own recall whose tombstone the index does not show yet (the broker
     # indexes asynchronously): the same answer with that slot known recalled
     mine = classify(topic, s.msg_id, real, timer, recalled={slot})
-    assert (mine.state, mine.live_slots(), mine.deliver_ms) == (KeyState.RECALLED, [], deliver)
-    assert classify(topic, s.msg_id, real, timer, recalled={slot + P}).live_slots() == [slot]
+    assert (mine.state, mine.live_slots, mine.deliver_ms) == (KeyState.RECALLED, (), deliver)
+    assert classify(topic, s.msg_id, real, timer, recalled={slot + P}).live_slots == (slot,)
 
     # recalled: the copy and a tombstone on the timer topic, under the same UNIQ_KEY
     def both_indexed() -> bool:

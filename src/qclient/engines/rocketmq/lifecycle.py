@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -282,7 +282,7 @@ class RocketMQLifecycle:
         addrs: dict[str, str],
         topic: str,
         msg_id: str,
-        slots: dict[str, list[int]],
+        slots: Mapping[str, Sequence[int]],
         deadline: float,
         feature: str,
     ) -> Plan:
@@ -329,7 +329,7 @@ class RocketMQLifecycle:
             core, addrs, topic, msg_id, deadline, deliver_at_ms is not None
         )
         copies, errs = _split(found)
-        slots = {b: v.live_slots() for b, v in found.items() if isinstance(v, KeyLookup)}
+        slots = {b: v.live_slots for b, v in found.items() if isinstance(v, KeyLookup)}
         recalled = yield from self._recall(core, addrs, topic, msg_id, slots, deadline, "cancel")
         cancelled = False
         for broker, results in recalled.items():
@@ -378,7 +378,7 @@ class RocketMQLifecycle:
         deadline = time.monotonic() + core.cfg.send_timeout
         found = yield from self._lookups(core, addrs, topic, msg_id, deadline, True)
         copies, errs = _split(found)
-        live = {b: kl for b, kl in found.items() if isinstance(kl, KeyLookup) and kl.live_slots()}
+        live = {b: kl for b, kl in found.items() if isinstance(kl, KeyLookup) and kl.live_slots}
         partial(bool(live) or bool(copies), errs, f"reschedule of {msg_id}")
         if not live:
             raise not_rescheduled(topic, msg_id, (c.state for c in copies))
@@ -406,7 +406,7 @@ class RocketMQLifecycle:
     ) -> Plan:
         """Move one broker's scheduled copy: send the new one, then recall the old slots."""
         topic, msg_id = kl.topic, kl.uniq_key
-        old_slots = kl.live_slots()
+        old_slots = kl.live_slots
         new_slot = timer_slot(new_ms, precision)
         if new_slot in old_slots:
             if new_ms > (kl.deliver_ms or 0):
@@ -456,7 +456,7 @@ class RocketMQLifecycle:
         ):
             # the old copy fires (or may): take the new one back, never both
             undo = yield from self._recall(
-                core, addrs, topic, msg_id, {broker: [new_slot]}, deadline, "reschedule"
+                core, addrs, topic, msg_id, {broker: (new_slot,)}, deadline, "reschedule"
             )
             if not scheduled or isinstance(undo[broker], QClientError):
                 log.warning("reschedule of %s: the old and the new copy may both fire", msg_id)

@@ -372,15 +372,9 @@ class KeyLookup:
     scheduled: list[StoredMessage] = field(default_factory=list, repr=False)
     tombstones: list[StoredMessage] = field(default_factory=list, repr=False)
     fired: list[StoredMessage] = field(default_factory=list, repr=False)
-    #: the slots (TIMER_OUT_MS) recalled: by the tombstones, and by ``classify``'s ``recalled``
-    dead_slots: frozenset[int] = frozenset()
-
-    def live_slots(self) -> list[int]:
-        """The slots of the scheduled copies no recall covers (the ones still to fire)."""
-        if self.state is not KeyState.SCHEDULED:
-            return []
-        slots = {_int(m.properties, TIMER_OUT_MS) for m in self.scheduled}
-        return sorted(s for s in slots if s is not None and s not in self.dead_slots)
+    #: the slots (TIMER_OUT_MS) of the scheduled copies no recall covers, tombstone or
+    #: ``classify``'s ``recalled`` (the ones still to fire), ascending; empty unless SCHEDULED
+    live_slots: tuple[int, ...] = ()
 
 
 def classify(
@@ -444,5 +438,5 @@ def classify(
         scheduled,
         tombstones,
         [],
-        frozenset(d for d in dead if d is not None),
+        tuple(sorted({s for m in live if (s := _int(m.properties, TIMER_OUT_MS)) is not None})),
     )
