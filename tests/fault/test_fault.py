@@ -120,6 +120,19 @@ def test_selection_tiers() -> None:
     s.update_fault_item("broker-b", 5, isolation=True, reachable=False)
     picks = {s.select_one_message_queue(inf, "broker-b").broker_name for _ in range(20)}
     assert picks == {"broker-a"}
+    # a send that failed on every broker: the table ranks them, the one that just failed
+    # only when no other ranks as well (a hung b is not retried while a answers others)
+    s.update_fault_item("broker-a", 5, isolation=False, reachable=True)  # another call's answer
+    failed = ("broker-b", "broker-a")
+    picks = {
+        s.select_one_message_queue(inf, "broker-a", failed=failed).broker_name for _ in range(20)
+    }
+    assert picks == {"broker-a"}
+    s.update_fault_item("broker-a", 5, isolation=True, reachable=False)  # both flagged alike
+    picks = {
+        s.select_one_message_queue(inf, "broker-a", failed=failed).broker_name for _ in range(20)
+    }
+    assert picks == {"broker-b"}
     # tier 4: every broker flagged and no last one -> any queue
     assert {s.select_one_message_queue(inf).broker_name for _ in range(20)} == {
         "broker-a",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 
 import xxhash
 
@@ -110,19 +110,26 @@ class MQFaultStrategy:
         return [pool[((first + i) & POSITIVE_MASK) % size] for i in range(n)]
 
     def select_one_message_queue(
-        self, info: TopicPublishInfo, last_broker: str | None = None, reset_index: bool = False
+        self,
+        info: TopicPublishInfo,
+        last_broker: str | None = None,
+        reset_index: bool = False,
+        failed: Collection[str] = (),
     ) -> MessageQueue:
         """Pick the queue of the next attempt.
 
-        Fault tolerance on: (1) a queue of an available broker other than ``last_broker``;
-        (2) of a reachable one other than ``last_broker``; (3) of any broker other than
-        ``last_broker``; (4) any queue. Off: (3), else (4). RocketMQ's third tier is any
-        queue, so when every other broker is flagged a retry may go back to the broker
-        that just failed this send; a flag is older news than that failure, and a retry on
-        a hung broker costs another whole attempt share (decision 0034). The round-robin
-        index runs over the queues that passed the filter, not over all of them, so a
-        filtered-out broker's share is spread evenly instead of landing on the queue after
-        it (apache/rocketmq#5672).
+        ``failed`` names the brokers whose attempt failed earlier in this send, and
+        ``last_broker`` the one that just failed; together they are the send's own news.
+        Fault tolerance on: (1) a queue of an available broker the send has not failed on;
+        (2) of a reachable one; (3) of any broker it has not failed on; (4) when it has
+        failed on every broker, the best by the table (available, then reachable), the
+        last one only if it ranks above the rest; (5) any queue. Off: (3), else any
+        broker but the last. RocketMQ's third tier is any queue, so when every other
+        broker is flagged a retry may go back to a broker that failed this very send; a
+        flag is older news than that failure, and a retry on a hung broker costs another
+        whole attempt share (decision 0034). The round-robin index runs over the queues
+        that passed the filter, not over all of them, so a filtered-out broker's share is
+        spread evenly instead of landing on the queue after it (apache/rocketmq#5672).
         """
         queues = info.queues
         if not queues:
@@ -131,29 +138,36 @@ class MQFaultStrategy:
         if reset_index:
             index.reset()
         idx = index.increment_and_get()
+        avoid: Collection[str] = failed
+        if last_broker is not None and last_broker not in failed:
+            avoid = {*failed, last_broker}
         if self.send_latency_fault_enable:
             lft = self.latency_fault_tolerance
-            if last_broker is None and lft.all_healthy():
+            if not avoid and lft.all_healthy():
                 return queues[idx % len(queues)]  # the hot path: everything healthy
             unavailable, unreachable = lft.unhealthy()
-            if last_broker is None and not unavailable:
+            if not avoid and not unavailable:
                 return queues[idx % len(queues)]
             tier = [
-                q
-                for q in queues
-                if q.broker_name != last_broker and q.broker_name not in unavailable
+                q for q in queues if q.broker_name not in avoid and q.broker_name not in unavailable
             ]
             if tier:
                 return tier[idx % len(tier)]
             tier = [
-                q
-                for q in queues
-                if q.broker_name != last_broker and q.broker_name not in unreachable
+                q for q in queues if q.broker_name not in avoid and q.broker_name not in unreachable
             ]
             if tier:
                 return tier[idx % len(tier)]
-        if last_broker is not None:
-            tier = [q for q in queues if q.broker_name != last_broker]
+            if avoid:
+                tier = [q for q in queues if q.broker_name not in avoid]
+                if tier:
+                    return tier[idx % len(tier)]
+                tier = _best_ranked(queues, unavailable, unreachable, last_broker)
+                return tier[idx % len(tier)]
+        if avoid:
+            tier = [q for q in queues if q.broker_name not in avoid] or [
+                q for q in queues if q.broker_name != last_broker
+            ]
             if tier:
                 return tier[idx % len(tier)]
         return queues[idx % len(queues)]
@@ -221,6 +235,24 @@ class MQFaultStrategy:
 #: xxHash3 (64-bit): a well-mixed hash ~7x cheaper than blake2b from Python; ids are not
 #: secrets, so no keyed hash is needed
 _hash = xxhash.xxh3_64_intdigest
+
+
+def _best_ranked(
+    queues: Sequence[MessageQueue],
+    unavailable: Collection[str],
+    unreachable: Collection[str],
+    last_broker: str | None,
+) -> list[MessageQueue]:
+    """The queues of the best-ranked brokers by the fault table (available, then
+    reachable), the broker that just failed only when no other ranks as well: when a
+    send has failed on every broker, the table may hold news newer than its own failures
+    (another call's answer), and ranks equal, the freshest failure is the worst news."""
+
+    def rank(name: str) -> tuple[bool, bool, bool]:
+        return name in unavailable, name in unreachable, name == last_broker
+
+    best = min(rank(q.broker_name) for q in queues)
+    return [q for q in queues if rank(q.broker_name) == best]
 
 
 @functools.cache

@@ -346,7 +346,7 @@ class ProducerCore:
                 if it.pinned:
                     q = select_for_id(it.info, it.wire.msg_id, it.last_broker)
                 else:
-                    q = select(it.info, it.last_broker, attempt > 1)
+                    q = select(it.info, it.last_broker, attempt > 1, it.failed)
                 it.queue = q
             it.wire.queue_id = q.queue_id
             group = groups.get(q.broker_name)
@@ -444,6 +444,8 @@ class ProducerCore:
                 results[it.index] = r  # the result, or the last error of a retried one
                 if i in verdict.retry:
                     it.last_broker = broker
+                    if broker not in it.failed:
+                        it.failed += (broker,)
                     retry.append(it)
         if retry and self.on_route_failure is not None:
             for topic in {it.wire.topic for it in retry}:
@@ -492,6 +494,8 @@ class ProducerCore:
             results[it.index] = err  # a retried item's last error
             if retryable:
                 it.last_broker = broker
+                if broker not in it.failed:
+                    it.failed += (broker,)
                 retry.append(it)
 
     # --- cancel ----------------------------------------------------------------------

@@ -49,6 +49,8 @@ class Item(msgspec.Struct, gc=False, eq=False):
     #: the caller chose the id: send it to the broker that owns the id (see select_for_id)
     pinned: bool = False
     last_broker: str | None = None
+    #: brokers whose attempt failed earlier in this send: a retry avoids them all
+    failed: tuple[str, ...] = ()
     #: the message's send span (``_tracing.defer_send``), ended with its result
     trace: Any = None
     #: the delay of the first attempt (ms), once a retry has shortened ``wire.delay_ms``
