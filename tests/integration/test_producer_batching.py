@@ -70,7 +70,10 @@ def test_message_batch_columns_delivered_once_on_their_brokers(cluster: LocalClu
 
 
 def test_5000_send_async_all_done_after_flush(cluster: LocalCluster) -> None:
-    with Producer(cluster.namesrv) as p:
+    # a 30 s budget: the test is about flush settling every future, not about the budget;
+    # at load 26 both brokers once went ~10 s without reading a request (WriteTimeout), and
+    # the default 3 s failed 293 of the 5,000
+    with Producer(cluster.namesrv, send_timeout=30) as p:
         futures = [p.send_async(Message("async5k", f"a{i}", delay=0.5)) for i in range(5000)]
         p.flush(timeout=60)
         assert all(f.done() for f in futures)
