@@ -35,6 +35,7 @@ from qclient.engines.rocketmq.local.runtime import (
     broker_ports,
     die_with_parent,
     find_ha_jar,
+    find_lib,
 )
 from qclient.engines.rocketmq.remoting import request
 
@@ -402,6 +403,26 @@ def test_missing_java_is_one_line_naming_the_fix(monkeypatch: pytest.MonkeyPatch
     with pytest.raises(ClusterError, match=r"^java not found: run `make setup`") as err:
         RocketMQCluster(brokers=1).start()
     assert "\n" not in str(err.value)
+
+
+def test_a_second_start_maps_the_class_data_archive_the_first_wrote(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lib = tmp_path / "lib"  # the jars, with no archive beside them yet
+    lib.mkdir()
+    for jar in find_lib().glob("*.jar"):
+        (lib / jar.name).symlink_to(jar)
+    monkeypatch.setenv(LIB_ENV, str(lib))
+    with RocketMQCluster(brokers=1) as c:
+        assert [n.writes_archive for n in c.nodes] == [True, True]
+    # the teardown stopped both writers cleanly (not the kill a temporary store gets)
+    written = sorted(p.name.split("-")[0] for p in (lib / ".cds").iterdir())
+    assert written == ["BrokerStartup", "NamesrvStartup"]
+    with RocketMQCluster(brokers=1) as c:
+        for node in c.nodes:
+            assert not node.writes_archive
+            maps = Path(f"/proc/{node.pid}/maps").read_text()
+            assert str(lib / ".cds") in maps, f"{node.name} did not map its archive"
 
 
 def test_replicas_elect_a_new_master_when_the_master_is_killed() -> None:

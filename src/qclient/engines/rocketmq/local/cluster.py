@@ -279,7 +279,9 @@ class RocketMQCluster:
             with ThreadPoolExecutor(len(brokers)) as pool:
                 list(pool.map(lambda n: n.stop(), brokers))
         for node in [*brokers, self.namesrv_node]:
-            if graceful:
+            # the JVM that writes its main class's class data archive (once per class
+            # path) writes it on a clean exit only: a kill would waste it (see ``cds``)
+            if graceful or node.writes_archive:
                 node.stop()
             else:
                 node.kill()

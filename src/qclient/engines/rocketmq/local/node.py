@@ -23,6 +23,7 @@ from typing import Any
 
 from ....errors import ClusterError
 from ..remoting import FrameDecoder, RemotingCommand, encode
+from .cds import Archive, archive_for
 from .runtime import LOOPBACK, JvmSpec, die_with_parent, jvm_argv, write_logback, write_properties
 
 __all__ = ["JvmNode", "call"]
@@ -68,6 +69,10 @@ class JvmNode:
         self.argv: list[str] = []
         self._main = main
         self._spec = spec
+        #: the class data archive of this node's main class (None: sharing off)
+        self._archive: Archive | None = None
+        #: this node's running JVM writes the archive when it exits (see ``cds``)
+        self._writes_archive = False
         self._log_pos = 0
         #: the log's size when the JVM was last spawned: what it wrote since starts here
         self._spawn_pos = 0
@@ -90,6 +95,12 @@ class JvmNode:
         return self.process.pid if self.process else None
 
     @property
+    def writes_archive(self) -> bool:
+        """This node's JVM writes the class data archive when it stops cleanly (``cds``):
+        a cluster's teardown stops it rather than kill it."""
+        return self._writes_archive and self.running
+
+    @property
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
@@ -108,6 +119,7 @@ class JvmNode:
             logback=self.logback_path,
             spec=self._spec,
         )
+        self._archive = archive_for(java, lib, self._main, self._spec.classpath)
 
     def spawn(self) -> None:
         """Start the JVM without waiting; ``wait_ready()`` waits."""
@@ -118,7 +130,12 @@ class JvmNode:
         self.log_path.touch()
         self._spawn_pos = self._log_pos = self.log_path.stat().st_size  # a restart appends
         self._booted = self._accepting = False
-        argv, home, log_path = die_with_parent(self.argv), self.home, self.log_path
+        self._settle_archive(published=False)  # a JVM that exited on its own wrote none
+        cds: list[str] = []
+        if self._archive is not None:
+            cds, self._writes_archive = self._archive.flags()
+        argv = die_with_parent([self.argv[0], *cds, *self.argv[1:]])
+        home, log_path = self.home, self.log_path
 
         def popen() -> subprocess.Popen[bytes]:
             with open(log_path, "ab") as logfile:
@@ -186,23 +203,39 @@ class JvmNode:
         if proc is not None and proc.poll() is None:
             proc.kill()
             proc.wait(10)
+        self._settle_archive(published=False)
+
+    def _settle_archive(self, published: bool) -> None:
+        """After the JVM that writes the class data archive exited: put the archive in
+        place (a clean stop) or drop what it left (killed)."""
+        if self._writes_archive and self._archive is not None:
+            self._writes_archive = False
+            if published:
+                self._archive.published()
+            else:
+                self._archive.abandoned()
 
     def stop(self, timeout: float = 30.0) -> None:
         """SIGTERM (RocketMQ's shutdown hooks flush and unregister) and wait; SIGKILL after
         ``timeout``."""
         proc = self.process
         if proc is None or proc.poll() is not None:
+            self._settle_archive(published=False)  # it exited on its own: not a clean stop
             return
+        stopped = False
         try:
             proc.send_signal(signal.SIGCONT)  # a paused JVM cannot run its shutdown hooks
             proc.terminate()
             proc.wait(timeout)
+            stopped = True
         except subprocess.TimeoutExpired:
             log.warning("%s %s did not stop in %.0f s; killing it", self.role, self.name, timeout)
             proc.kill()
             proc.wait(10)
         except ProcessLookupError:
             pass
+        finally:
+            self._settle_archive(published=stopped)
 
     def pause(self) -> None:
         """SIGSTOP: the JVM hangs, its sockets stay open."""
