@@ -66,7 +66,9 @@ class JvmNode:
         self.logback_path = home / "logback.xml"
         self.log_path = home.parent / f"{name}.log"
         self.process: subprocess.Popen[bytes] | None = None
+        #: the command line of the JVM last spawned (before that: as configured)
         self.argv: list[str] = []
+        self._configured_argv: list[str] = []
         self._main = main
         self._spec = spec
         #: the class data archive of this node's main class (None: sharing off)
@@ -110,7 +112,7 @@ class JvmNode:
         self.port = int(props["listenPort"])
         write_properties(self.conf_path, props)
         write_logback(self.logback_path, self.log_path)
-        self.argv = jvm_argv(
+        self.argv = self._configured_argv = jvm_argv(
             java,
             lib,
             self._main,
@@ -125,7 +127,7 @@ class JvmNode:
         """Start the JVM without waiting; ``wait_ready()`` waits."""
         if self.running:
             raise ClusterError(f"{self.role} {self.name} is already running")
-        if not self.argv:
+        if not self._configured_argv:
             raise ClusterError(f"{self.role} {self.name} is not configured (start the cluster)")
         self.log_path.touch()
         self._spawn_pos = self._log_pos = self.log_path.stat().st_size  # a restart appends
@@ -134,8 +136,9 @@ class JvmNode:
         cds: list[str] = []
         if self._archive is not None:
             cds, self._writes_archive = self._archive.flags()
-        argv = die_with_parent([self.argv[0], *cds, *self.argv[1:]])
-        home, log_path = self.home, self.log_path
+        java, *rest = self._configured_argv
+        self.argv = [java, *cds, *rest]
+        argv, home, log_path = die_with_parent(self.argv), self.home, self.log_path
 
         def popen() -> subprocess.Popen[bytes]:
             with open(log_path, "ab") as logfile:
