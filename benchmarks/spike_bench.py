@@ -69,7 +69,6 @@ def _cluster(engine: str, heap_mb: int | None, options: dict[str, Any], keep: Pa
     if heap_mb is not None:
         spec = cluster._broker_jvm
         spec.heap_mb = heap_mb
-        spec.direct_mb = max(spec.direct_mb, heap_mb // 2)
     return cluster
 
 
@@ -199,10 +198,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--option", type=_parse_option, action="append", default=[])
     ap.add_argument("--keep", type=Path, default=None, help="keep the cluster's data dir here")
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--smoke", action="store_true", help="2,000 messages, 10 s lead")
+    ap.add_argument("--smoke", action="store_true", help="2,000 messages, 3 s lead")
     args = ap.parse_args(argv)
     if args.smoke:
-        args.count, args.lead, args.wait = 2_000, 10.0, 30.0
+        args.count, args.lead, args.wait = 2_000, 3.0, 30.0
     res = run(
         args.engine,
         args.count,

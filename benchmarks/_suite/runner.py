@@ -77,6 +77,15 @@ SCENARIOS: list[Scenario] = [
     Scenario("rebalance_bench", "benchmarks.rebalance_bench", 600),
     Scenario("engines_bench", "benchmarks.engines_bench", 900, smoke_timeout_s=300, jvm="rocketmq"),
     Scenario("retry_bench", "benchmarks.retry_bench", 180),
+    # 200,000 due at one instant, a group of two: our broker, then RocketMQ's (make bench)
+    Scenario("spike_bench", "benchmarks.spike_bench", 600, smoke_timeout_s=120),
+    Scenario(
+        "spike_bench_rocketmq",
+        "benchmarks.spike_bench",
+        900,
+        args=("--engine", "rocketmq"),
+        smoke=False,
+    ),
     # the same on RocketMQ's JVMs: in make bench only (make test smoke-runs the qclient one)
     Scenario(
         "retry_bench_rocketmq",

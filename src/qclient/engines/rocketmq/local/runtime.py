@@ -273,6 +273,10 @@ def broker_config(
         # default 10 s after every broker start. At 1 s it spins 1 s and then writes one small
         # file a second
         "transactionMetricFlushInterval": 1000,
+        # a fired timer message whose put into its topic fails is retried until stored;
+        # by default (apache/rocketmq#8979) it is tried 3 times 50 ms apart and dropped,
+        # and an acknowledged message is lost (a fenced replica, a busy page cache)
+        "timerEnableRetryUntilSuccess": True,
     }
     props.update(overrides or {})
     return props
@@ -315,14 +319,10 @@ def controller_broker_options(controller_addr: str) -> dict[str, Any]:
         # has sent all it has (its writers all wait for that slave): with the default 20 s
         # every ack of the group waited 20 s for a SIGSTOPped slave
         "haHousekeepingInterval": 5000,
-        # a restarted replica is fenced (its store refuses writes) until its start-up with
-        # the controller is done, which is after it turns master: 0.1-1 s later, 5 s more
-        # when the controller elected it before its own election request did (that start-up
-        # step is then retried after 5 s). Its timer fires from the moment it is master,
-        # tries each message 3 times 50 ms apart and then drops it, so the messages that
-        # fell due while the group had no master would be lost; retrying until the store
-        # takes them delivers them once the fence lifts
-        "timerEnableRetryUntilSuccess": True,
+        # (timerEnableRetryUntilSuccess, in broker_config, matters most here: a restarted
+        # replica is fenced, its store refusing writes, until its start-up with the
+        # controller is done, 0.1-1 s after it turns master, 5 s more when the controller
+        # elected it before its own election request did; its timer fires meanwhile)
     }
 
 
@@ -354,9 +354,10 @@ def write_logback(path: Path, log_file: Path) -> None:
 
 class JvmSpec:
     """Heap sizes, extra flags and extra classpath entries (after the RocketMQ jars) of one
-    kind of node."""
+    kind of node. ``heap_mb`` is the most heap the JVM may take, ``initial_heap_mb`` what
+    it starts with (default: all of it); the serial collector grows the heap as needed."""
 
-    __slots__ = ("classpath", "direct_mb", "extra", "heap_mb")
+    __slots__ = ("classpath", "direct_mb", "extra", "heap_mb", "initial_heap_mb")
 
     def __init__(
         self,
@@ -364,8 +365,10 @@ class JvmSpec:
         direct_mb: int,
         extra: Sequence[str] = (),
         classpath: Sequence[Path] = (),
+        initial_heap_mb: int | None = None,
     ) -> None:
         self.heap_mb = heap_mb
+        self.initial_heap_mb = heap_mb if initial_heap_mb is None else initial_heap_mb
         self.direct_mb = direct_mb
         self.extra = tuple(extra)
         self.classpath = tuple(classpath)
@@ -409,7 +412,7 @@ def jvm_argv(
     return [
         java,
         "-server",
-        f"-Xms{spec.heap_mb}m",
+        f"-Xms{min(spec.initial_heap_mb, spec.heap_mb)}m",
         f"-Xmx{spec.heap_mb}m",
         f"-XX:MaxDirectMemorySize={spec.direct_mb}m",
         *_COMMON_FLAGS,
