@@ -32,6 +32,7 @@ import fcntl
 import os
 import tempfile
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -96,13 +97,43 @@ class OneAtATime(Generic[_T]):
 
 @contextlib.contextmanager
 def spark_slot() -> Iterator[None]:
-    """Hold the host's one Spark driver while the block runs (waits for the holder)."""
+    """Hold the host's one Spark driver while the block runs (waits for the holder). A
+    wait of the run is noted (``WAITS_ENV``): a JVM group's worker waiting here is idle on
+    the run's longest chain."""
     with SPARK_LOCK.open("a") as f:
+        started = time.monotonic()
         fcntl.flock(f, fcntl.LOCK_EX)
+        _note_wait(time.monotonic() - started)
         try:
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+#: the file where a run's workers note their waits for the Spark slot (set by the controller)
+WAITS_ENV = "QCLIENT_TEST_SPARK_WAITS"
+
+
+def _note_wait(seconds: float) -> None:
+    path = os.environ.get(WAITS_ENV)
+    if path and seconds >= 0.5:
+        test = os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ", 1)[0]
+        with open(path, "a") as f:
+            f.write(f"{seconds:.1f} {test}\n")
+
+
+def _waits_report(path: Path) -> list[str]:
+    """One line on the run's waits for the Spark slot (the longest named)."""
+    try:
+        rows = [line.split(" ", 1) for line in path.read_text().splitlines() if line]
+    except OSError:
+        return []
+    if not rows:
+        return ["Spark slot: no test waited for it"]
+    waits = sorted(((float(s), t) for s, t in rows), reverse=True)
+    total = sum(s for s, _ in waits)
+    longest = ", ".join(f"{t} {s:.0f} s" for s, t in waits[:3])
+    return [f"Spark slot: {len(waits)} waits, {total:.0f} s in all; longest: {longest}"]
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -110,6 +141,11 @@ def pytest_configure(config: pytest.Config) -> None:
         sampler = JvmSampler(grouped=config.getoption("dist", "no") == "loadgroup")
         config.stash[_SAMPLER] = sampler
         sampler.start()
+        # the workers it starts inherit the variable; a run of its own file
+        waits = Path(tempfile.gettempdir()) / f"qclient-tests-spark-waits-{os.getpid()}"
+        waits.unlink(missing_ok=True)
+        os.environ[WAITS_ENV] = str(waits)
+        config.stash[_WAITS] = waits
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -131,6 +167,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 SHARES_MARK = "shares_rocketmq_cluster"
 #: the node ids of the modules that share it, found once at collection
 _SHARING = pytest.StashKey[set[str]]()
+#: the controller's file of Spark slot waits (``spark_slot``)
+_WAITS = pytest.StashKey[Path]()
 
 
 def _sharing_modules(items: list[pytest.Item]) -> set[str]:
@@ -201,6 +239,11 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         return
     for line in sampler.report():
         terminalreporter.write_line(line)
+    waits = terminalreporter.config.stash.get(_WAITS, None)
+    if waits is not None:
+        for line in _waits_report(waits):
+            terminalreporter.write_line(line)
+        waits.unlink(missing_ok=True)
 
 
 def _kind(cmdline: str) -> str:
