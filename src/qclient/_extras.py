@@ -8,7 +8,7 @@ import importlib.util
 __all__ = ["missing_server_extra"]
 
 #: what the name server and the broker import beyond the SDK (pyproject's "server" extra)
-SERVER_MODULES = ("aiohttp", "multidict", "prometheus_client")
+SERVER_MODULES = ("multidict", "prometheus_client")
 
 
 def missing_server_extra(what: str) -> str | None:
