@@ -60,16 +60,14 @@ def _cluster(engine: str, heap_mb: int | None, options: dict[str, Any], keep: Pa
 
     if engine == "qclient":
         return LocalCluster(brokers=2, data_dir=str(keep) if keep else None)
-    cluster = LocalCluster(
+    heap = {} if heap_mb is None else {"broker_heap_mb": heap_mb}
+    return LocalCluster(
         brokers=2,
         engine="rocketmq",
         data_dir=str(keep) if keep else None,
         broker_options=options,
+        **heap,
     )
-    if heap_mb is not None:
-        spec = cluster._broker_jvm
-        spec.heap_mb = heap_mb
-    return cluster
 
 
 def run(

@@ -95,3 +95,10 @@ def test_sharing_off_or_a_read_only_lib_starts_as_before(
     monkeypatch.delenv(CDS_ENV)
     ro = Archive(lib / "missing" / "BrokerStartup-0.jsa")  # its folder cannot take a claim
     assert ro.flags() == ([], False)
+
+
+def test_a_broker_heap_below_its_start_is_a_clear_error() -> None:
+    from qclient.engines.rocketmq.local import RocketMQCluster
+
+    with pytest.raises(ValueError, match=r"^broker_heap_mb must be at least 256, got 128$"):
+        RocketMQCluster(brokers=1, broker_heap_mb=128)

@@ -83,7 +83,9 @@ class RocketMQCluster:
     ``replicas`` is the number of JVMs per broker name: 1, lone masters (node names
     broker-a, ...); more, controller-mode groups (nodes broker-a-0, broker-a-1, ...).
     ``broker_options`` / ``namesrv_options`` add or override properties of every broker /
-    the NameServer (see ``runtime.broker_config`` for the defaults).
+    the NameServer (see ``runtime.broker_config`` for the defaults). ``broker_heap_mb`` is
+    the most heap a broker may grow to (from 256 MB; ``BROKER_HEAP_MB``): a spike due at
+    one instant needs room for every message of the slot being fired.
     """
 
     #: the engine its processes are (``LocalCluster.engine``)
@@ -100,11 +102,16 @@ class RocketMQCluster:
         cluster_name: str = "DefaultCluster",
         startup_timeout: float = 90.0,
         namesrv_port: int = 0,
+        broker_heap_mb: int = BROKER_HEAP_MB,
     ) -> None:
         if not 1 <= replicas <= 9:
             raise ValueError(f"replicas must be 1..9, got {replicas}")
         if brokers < 0 or brokers > 26:
             raise ValueError(f"brokers must be 0..26, got {brokers}")
+        if broker_heap_mb < BROKER_INITIAL_HEAP_MB:
+            raise ValueError(
+                f"broker_heap_mb must be at least {BROKER_INITIAL_HEAP_MB}, got {broker_heap_mb}"
+            )
         self._own_dir = data_dir is None
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="qclient-rocketmq-"))
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -119,7 +126,7 @@ class RocketMQCluster:
         self._replicas = replicas
         #: the brokers' JVMs, this cluster's own: start() adds the HA jar to its classpath
         self._broker_jvm = JvmSpec(
-            heap_mb=BROKER_HEAP_MB, direct_mb=256, initial_heap_mb=BROKER_INITIAL_HEAP_MB
+            heap_mb=broker_heap_mb, direct_mb=256, initial_heap_mb=BROKER_INITIAL_HEAP_MB
         )
         #: the controller (``127.0.0.1:PORT``) with replicas > 1, set by start()
         self.controller_addr: str | None = None
