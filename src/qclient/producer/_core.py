@@ -443,9 +443,7 @@ class ProducerCore:
                     it.ambiguous += (broker,)
                 results[it.index] = r  # the result, or the last error of a retried one
                 if i in verdict.retry:
-                    it.last_broker = broker
-                    if broker not in it.failed:
-                        it.failed += (broker,)
+                    it.failed_on(broker)
                     retry.append(it)
         if retry and self.on_route_failure is not None:
             for topic in {it.wire.topic for it in retry}:
@@ -493,9 +491,7 @@ class ProducerCore:
         for it in items:
             results[it.index] = err  # a retried item's last error
             if retryable:
-                it.last_broker = broker
-                if broker not in it.failed:
-                    it.failed += (broker,)
+                it.failed_on(broker)
                 retry.append(it)
 
     # --- cancel ----------------------------------------------------------------------

@@ -63,6 +63,12 @@ class Item(msgspec.Struct, gc=False, eq=False):
     #: RocketMQ's consumer drops a key it returned from that queue)
     stay: bool = False
 
+    def failed_on(self, broker: str) -> None:
+        """This send's attempt on ``broker`` failed: its retry avoids it."""
+        self.last_broker = broker
+        if broker not in self.failed:
+            self.failed += (broker,)
+
     @property
     def size(self) -> int:
         return len(self.wire.body) + len(self.wire.topic) + PER_MESSAGE_OVERHEAD
