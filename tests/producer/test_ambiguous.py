@@ -341,29 +341,38 @@ def test_id_broker_asked_as_an_ambiguous_attempts_broker_still_gets_the_late_ask
 def test_late_ask_that_finds_nothing_settles_as_not_found() -> None:
     """The late ask is one ask: the id's own broker still has no copy shortly before it is
     due, so the copy is settled "not found" at once, not asked four more times a round
-    apart until it is too late. The clock runs (a frozen one would let four asks fit)."""
-    ahead = [0.0]  # ms the test moved the copies' clock ahead of the wall clock
+    apart until it is too late. The clock runs until the late ask is due, then stands
+    there: the asks are counted, so four would show, and a slow host cannot make the one
+    ask come after the message's time (the test would then see "too late")."""
+    stand: list[float] = []  # once set, the copies' clock stands at this ms
+    asked_a: list[float] = []
     cancels: list[str] = []
 
     def lookup(topic: str, msg_id: str, broker: str) -> str | None:
-        return "scheduled" if broker == "b" else None
+        if broker == "b":
+            return "scheduled"
+        asked_a.append(time.monotonic())
+        return None
 
     copies = AmbiguousCopies(
         lambda r: cancels.append(r.broker_name) is None,
         lookup,
-        clock_ms=lambda: time.time() * 1000 + ahead[0],
+        clock_ms=lambda: stand[0] if stand else time.time() * 1000,
     )
     try:
-        copies.note(_result("b", time.time() * 1000 + 60_000), ("a",), away_from=("a",))
+        due = time.time() * 1000 + 60_000
+        copies.note(_result("b", due), ("a",), away_from=("a",))
         wait_until(lambda: not copies.pending(), 10, "the four asks")
         assert copies.counts["not_found"] == 0  # deferred to its late ask
-        ahead[0] += 58_500 - 2_000  # the late ask is due now (it comes 2 s before)
+        before = len(asked_a)
+        stand.append(due - 2_000)  # the late ask is due now (it comes 2 s before)
         wait_until(
             lambda: copies.counts["not_found"] + copies.counts["too_late"] == 1,
             10,
             "the late ask's answer",
         )
         assert copies.counts["not_found"] == 1 and copies.counts["asked_late"] == 1
+        assert len(asked_a) - before == 1, asked_a  # one ask, not four a round apart
         assert cancels == [] and not copies.pending()
     finally:
         copies.close()
