@@ -86,6 +86,15 @@ SCENARIOS: list[Scenario] = [
         args=("--engine", "rocketmq"),
         smoke=False,
     ),
+    # a consumer subscribed before its topic existed: each broker's first messages
+    Scenario("new_topic_bench", "benchmarks.new_topic_bench", 180),
+    Scenario(
+        "new_topic_bench_rocketmq",
+        "benchmarks.new_topic_bench",
+        300,
+        args=("--engine", "rocketmq"),
+        smoke=False,
+    ),
     # the same on RocketMQ's JVMs: in make bench only (make test smoke-runs the qclient one)
     Scenario(
         "retry_bench_rocketmq",

@@ -76,6 +76,15 @@ DEFAULT_QUEUES = 4  # queues of an auto-created topic
 DEFAULT_MIN_FREE_MB = 256.0
 
 
+#: a consumer looks again this often (s) at a topic it reads that does not exist yet, on
+#: a broker of its route or at all, and (RocketMQ) at a route that changed within
+#: NEW_TOPIC_WINDOW_S: a topic is created on each broker by its first message there, and
+#: a member that learned of it at its next heartbeat (seconds) or route look-up (5 s)
+#: received those messages that late. One small request per broker or name server each
+#: time, and only while the topic is missing or new
+NEW_TOPIC_WATCH_S = 0.1
+NEW_TOPIC_WINDOW_S = 10.0
+
 #: ``"h:p,h2:p2"`` or a sequence -> a tuple of addresses (shared with the servers' CLI)
 parse_addrs = split_addrs
 

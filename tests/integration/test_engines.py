@@ -211,3 +211,41 @@ def test_now_ms_matches_the_brokers_clock(cluster):
         before = now_ms()
         r = producer.send_delayed(topic, b"x", delay=0.5)
     assert before + 400 <= r.deliver_at_ms <= now_ms() + 600
+
+
+def test_consumer_subscribed_before_its_topic_existed_reads_each_broker_at_once(cluster):
+    """A member polling a topic nobody has sent to yet: each broker creates the topic on
+    its first message there, and the member takes that broker's queues within a moment
+    (it looks at a missing or new topic every NEW_TOPIC_WATCH_S), not at its next
+    heartbeat: with a 60 s session a member heartbeats every 20 s on qclient's engine and
+    looks a RocketMQ route up every 5 s. Lateness against the 250 ms goal is measured by
+    benchmarks/new_topic_bench.py; this bound is far from both the watch and the old
+    cadence."""
+    from qclient import Consumer
+
+    topic = f"new-{cluster.engine}-{time.monotonic_ns()}"
+    got: list = []
+    with Consumer(cluster.namesrv, topic, "g-new", session_timeout=60.0) as consumer:
+        deadline = time.monotonic() + 1.0  # subscribed: the topic does not exist yet
+        while time.monotonic() < deadline:
+            assert consumer.poll(16, timeout=0.1) == []
+        sent: dict[str, tuple[int, str]] = {}
+        with Producer(cluster.namesrv, send_timeout=SEND_TIMEOUT) as producer:
+            for i in range(40):
+                start = now_ms()
+                r = producer.send(topic, f"n{i}")
+                sent[r.msg_id] = (start, r.broker_name)
+        deadline = time.monotonic() + 60
+        while len({m.msg_id for m, _ in got}) < len(sent) and time.monotonic() < deadline:
+            batch = consumer.poll(64, timeout=0.2)
+            received = now_ms()
+            got.extend((m, received) for m in batch)
+    ids = [m.msg_id for m, _ in got]
+    assert set(ids) == set(sent), f"{len(set(sent) - set(ids))} of {len(sent)} never arrived"
+    assert len(ids) == len(sent), f"{len(ids) - len(sent)} delivered twice"
+    assert {b for _, b in sent.values()} == {"broker-a", "broker-b"}
+    late = {m.msg_id: received - sent[m.msg_id][0] for m, received in got}
+    slowest = max(late, key=late.__getitem__)
+    assert late[slowest] < 5_000, (
+        f"{slowest} on {sent[slowest][1]} received {late[slowest]} ms after its send"
+    )

@@ -27,6 +27,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
 from typing import TypeVar
 
+from .._config import NEW_TOPIC_WATCH_S
 from ..engines import parse_namesrv
 from ..errors import AuthError, QClientError
 from ..protocol import wire
@@ -225,7 +226,13 @@ class GroupMember:
         if changed:  # claim the new share (and release the old) right away
             self._next_hb = time.monotonic()
         else:
-            self._next_hb = time.monotonic() + (self._interval if converged else _CONVERGE_S)
+            wait = self._interval if converged else _CONVERGE_S
+            if any(not s.retry and (s.missing_on or not s.brokers) for s in subs):
+                # the topic is not on every broker yet: its first message there creates
+                # it, and the member should read it at once (a retry topic is created
+                # by a member's hand-back and read at once by that member)
+                wait = min(wait, NEW_TOPIC_WATCH_S)
+            self._next_hb = time.monotonic() + wait
 
     def _rebalance_topic(
         self, sub: Subscription, futs: dict[str, Future[tuple[wire.GroupState | None, int]]]
@@ -240,10 +247,12 @@ class GroupMember:
             except QClientError as exc:
                 errors.append(exc)
                 continue
-            if state is None:
+            if state is None:  # the topic is not on this broker (yet)
                 sub.counts[name] = 0
                 sub.set_owned(name, set())
+                sub.missing_on.add(name)
                 continue
+            sub.missing_on.discard(name)
             if state.clock_ns:  # small answers: the best samples of the broker's clock
                 sub.held.clock(name).add(state.clock_ns, got_ns)
             sub.counts[name] = state.queues
@@ -253,6 +262,7 @@ class GroupMember:
             if name not in futs:
                 del sub.counts[name]
                 sub.set_owned(name, set())
+        sub.missing_on &= futs.keys()
         refused = [e for e in errors if isinstance(e, AuthError)]
         if refused and sub.retry:
             # the account may not read the retry topic: the group reads its topic only

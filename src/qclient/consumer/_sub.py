@@ -38,6 +38,8 @@ class Subscription:
         self.brokers: dict[str, str] = {}  # name -> addr
         self.route_at = 0.0
         self.counts: dict[str, int] = {}  # broker -> read queues
+        #: brokers of the route that answered the last heartbeat "no such topic"
+        self.missing_on: set[str] = set()
         self.members: list[str] = []
         self.target: dict[str, set[int]] = {}  # this member's share
         self.owned: dict[str, set[int]] = {}  # what the brokers granted

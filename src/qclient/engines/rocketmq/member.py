@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from ..._config import NEW_TOPIC_WATCH_S, NEW_TOPIC_WINDOW_S
 from ...consumer._failures import retry_topic
 from ...errors import BrokerUnavailableError, QClientError
 from ...protocol.wire import TopicRoute
@@ -90,6 +91,9 @@ class Subscription:
     queues: list[Key] = field(default_factory=list)
     route: TopicRoute | None = None
     route_at: float = -1e9
+    #: when a look-up was last tried, and last found the masters or queues different
+    route_tried_at: float = -1e9
+    route_changed_at: float = -1e9
     pulls: dict[Key, asyncio.Task[None]] = field(default_factory=dict)
 
 
@@ -201,10 +205,16 @@ class MemberLoop:
         self._pool = AsyncConnectionPool(connect_timeout=self._timeout, on_request=self._serve)
         self._ns = AsyncRocketMQNameServer(self._namesrv, timeout=self._timeout)
         committer = asyncio.create_task(self._commit_loop())
+        round_at = 0.0  # when the next full round is due (monotonic)
+        woken = True
         try:
             while not self._stopping:
                 try:
-                    await self._round()
+                    # (between rounds, a watched route that changed: a new topic reached
+                    # a broker, whose queues are taken now)
+                    if woken or time.monotonic() >= round_at or await self._watch_routes():
+                        round_at = time.monotonic() + self._interval
+                        await self._round()
                     self.error = None
                 except QClientError as exc:
                     self.error = exc
@@ -213,13 +223,19 @@ class MemberLoop:
                         self._cond.notify_all()
                 except Exception:  # a bug: keep the member alive, say so
                     log.exception("consumer %s: group round failed", self.client_id)
-                wait = self._interval
+                now = time.monotonic()
                 for sub in self.subs:
                     claim = sub.handover.next_claim()
                     if claim is not None:
-                        wait = min(wait, max(0.0, claim - time.monotonic()))
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), wait)
+                        round_at = min(round_at, claim)
+                waits = [round_at - now]
+                waits += [self._route_due_at(s) - now for s in self.subs if self._watching(s, now)]
+                woken = False
+                try:
+                    await asyncio.wait_for(self._wake.wait(), max(0.0, min(waits)))
+                    woken = True
+                except TimeoutError:
+                    pass
                 self._wake.clear()
         finally:
             committer.cancel()
@@ -246,7 +262,44 @@ class MemberLoop:
         conn = await self._connection(addr)
         return await conn.call(cmd, self._timeout if timeout is None else timeout)
 
+    def _watching(self, sub: Subscription, now: float) -> bool:
+        """Whether the topic's route is looked at every NEW_TOPIC_WATCH_S between rounds:
+        the member's own topic while it does not exist or changed within
+        NEW_TOPIC_WINDOW_S (each broker creates it on its first message there)."""
+        return sub.primary and (
+            sub.route is None or now - sub.route_changed_at < NEW_TOPIC_WINDOW_S
+        )
+
+    def _route_due_at(self, sub: Subscription) -> float:
+        """When the topic's route is looked up next (monotonic); a watched one the
+        watch's time after the last try, answered or not (a name server down is not
+        asked in a loop)."""
+        if self._watching(sub, time.monotonic()):
+            return max(sub.route_at, sub.route_tried_at) + NEW_TOPIC_WATCH_S
+        return sub.route_at + ROUTE_TTL
+
+    async def _watch_routes(self) -> bool:
+        """Look up the watched routes that are due; True if masters or queues changed."""
+        now = time.monotonic()
+        changed = False
+        for sub in self.subs:
+            if self._watching(sub, now) and now >= self._route_due_at(sub):
+                before = sub.route_changed_at
+                await self._refresh_route(sub)
+                changed |= sub.route_changed_at != before
+        return changed
+
     async def _refresh_route(self, sub: Subscription) -> None:
+        assert self._ns is not None
+        before = (dict(sub.masters), list(sub.queues))
+        try:
+            await self._look_up_route(sub)
+        finally:
+            sub.route_tried_at = time.monotonic()
+            if (sub.masters, sub.queues) != before:
+                sub.route_changed_at = time.monotonic()
+
+    async def _look_up_route(self, sub: Subscription) -> None:
         assert self._ns is not None
         try:
             route = await self._ns.get_route(sub.topic)
@@ -282,7 +335,7 @@ class MemberLoop:
     async def _round(self) -> None:
         """Heartbeat every master, read the members, let go and take queues, commit."""
         for sub in self.subs:
-            if time.monotonic() - sub.route_at >= ROUTE_TTL:
+            if time.monotonic() >= self._route_due_at(sub):
                 await self._refresh_route(sub)
         masters: dict[str, str] = {}
         for sub in self.subs:
