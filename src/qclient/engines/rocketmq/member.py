@@ -229,7 +229,9 @@ class MemberLoop:
                     if claim is not None:
                         round_at = min(round_at, claim)
                 waits = [round_at - now]
-                waits += [self._route_due_at(s) - now for s in self.subs if self._watching(s, now)]
+                waits += [
+                    self._route_due_at(s, now) - now for s in self.subs if self._watching(s, now)
+                ]
                 woken = False
                 try:
                     await asyncio.wait_for(self._wake.wait(), max(0.0, min(waits)))
@@ -270,11 +272,11 @@ class MemberLoop:
             sub.route is None or now - sub.route_changed_at < NEW_TOPIC_WINDOW_S
         )
 
-    def _route_due_at(self, sub: Subscription) -> float:
+    def _route_due_at(self, sub: Subscription, now: float) -> float:
         """When the topic's route is looked up next (monotonic); a watched one the
         watch's time after the last try, answered or not (a name server down is not
         asked in a loop)."""
-        if self._watching(sub, time.monotonic()):
+        if self._watching(sub, now):
             return max(sub.route_at, sub.route_tried_at) + NEW_TOPIC_WATCH_S
         return sub.route_at + ROUTE_TTL
 
@@ -283,21 +285,21 @@ class MemberLoop:
         now = time.monotonic()
         changed = False
         for sub in self.subs:
-            if self._watching(sub, now) and now >= self._route_due_at(sub):
-                before = sub.route_changed_at
-                await self._refresh_route(sub)
-                changed |= sub.route_changed_at != before
+            if self._watching(sub, now) and now >= self._route_due_at(sub, now):
+                changed |= await self._refresh_route(sub)
         return changed
 
-    async def _refresh_route(self, sub: Subscription) -> None:
-        assert self._ns is not None
+    async def _refresh_route(self, sub: Subscription) -> bool:
+        """Look the route up; True if the masters or queues changed."""
         before = (dict(sub.masters), list(sub.queues))
         try:
             await self._look_up_route(sub)
         finally:
             sub.route_tried_at = time.monotonic()
-            if (sub.masters, sub.queues) != before:
-                sub.route_changed_at = time.monotonic()
+            changed = (sub.masters, sub.queues) != before
+            if changed:
+                sub.route_changed_at = sub.route_tried_at
+        return changed
 
     async def _look_up_route(self, sub: Subscription) -> None:
         assert self._ns is not None
@@ -335,7 +337,8 @@ class MemberLoop:
     async def _round(self) -> None:
         """Heartbeat every master, read the members, let go and take queues, commit."""
         for sub in self.subs:
-            if time.monotonic() >= self._route_due_at(sub):
+            now = time.monotonic()
+            if now >= self._route_due_at(sub, now):
                 await self._refresh_route(sub)
         masters: dict[str, str] = {}
         for sub in self.subs:
