@@ -171,14 +171,18 @@ def run(
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    spark = (
+    builder = (
         SparkSession.builder.master("local[2]")
         .appName("qclient-spark-bench")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
-        .getOrCreate()
     )
+    if smoke:  # the code paths only: the short-lived JVM flags (measured runs keep C2)
+        from benchmarks._spark_cluster import QUICK_JVM
+
+        builder = builder.config("spark.driver.extraJavaOptions", QUICK_JVM)
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     spark_udfs.register(spark)
     try:

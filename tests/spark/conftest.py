@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from benchmarks._spark_cluster import QUICK_JVM
 from tests._budget import spark_slot
 
 HERE = Path(__file__).resolve().parent
@@ -50,6 +51,8 @@ def _session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
         .config("spark.ui.enabled", "false")
         .config("spark.sql.streaming.stopTimeout", "30s")
         .config("spark.driver.memory", "768m")
+        # C1 and the serial collector: a test session lives a module, not a pipeline's hours
+        .config("spark.driver.extraJavaOptions", QUICK_JVM)
         .config("spark.python.worker.reuse", "true")
         # A crashed Python worker then reports its Python stack, not only "exited unexpectedly".
         .config("spark.python.worker.faulthandler.enabled", "true")

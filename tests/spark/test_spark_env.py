@@ -8,6 +8,7 @@ import sys
 import textwrap
 
 import pytest
+from benchmarks._spark_cluster import QUICK_JVM
 from tests._budget import spark_slot
 
 pytestmark = pytest.mark.spark
@@ -20,7 +21,8 @@ _JOB = textwrap.dedent(
     import pandas as pd
 
     spark = (SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false")
-             .config("spark.driver.memory", "512m").getOrCreate())
+             .config("spark.driver.memory", "512m")
+             .config("spark.driver.extraJavaOptions", {quick!r}).getOrCreate())
 
     @F.pandas_udf("long")
     def plus_one(s: pd.Series) -> pd.Series:
@@ -31,7 +33,7 @@ _JOB = textwrap.dedent(
     spark.stop()
     print("job ok")
     """
-)
+).replace("{quick!r}", repr(QUICK_JVM))
 
 
 def test_a_spark_session_prints_no_future_warning() -> None:
