@@ -30,11 +30,12 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import resource
 import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Generic, TypeVar
@@ -142,6 +143,8 @@ def pytest_configure(config: pytest.Config) -> None:
     if not hasattr(config, "workerinput"):  # the controller (or a run without xdist)
         sampler = JvmSampler(grouped=config.getoption("dist", "no") == "loadgroup")
         config.stash[_SAMPLER] = sampler
+        global _ledger
+        _ledger = config.stash[_LEDGER] = CpuLedger()
         sampler.start()
         # the workers it starts inherit the variable; a run of its own file
         waits = Path(tempfile.gettempdir()) / f"qclient-tests-spark-waits-{os.getpid()}"
@@ -212,6 +215,72 @@ def run_order(items: list[pytest.Item], sharing: set[str]) -> None:
     items[:] = [item for _, item in sorted(enumerate(items), key=key)]
 
 
+_CPU_START = pytest.StashKey[float]()
+#: the user property that carries a test's CPU seconds to the controller (and the JUnit report)
+CPU_PROPERTY = "cpu_s"
+
+
+def _cpu_now() -> float:
+    """CPU seconds of this process and of every child it has reaped (a child's own reaped
+    children included: a Spark driver's Python workers, a cluster's JVMs once stopped)."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, None, None]:
+    """Record the CPU a test cost, set-up and teardown included (a module fixture's cluster
+    is paid by its first test's set-up and its last test's teardown)."""
+    item.stash[_CPU_START] = _cpu_now()
+    yield
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> None:
+    if call.when != "teardown":
+        return
+    start = item.stash.get(_CPU_START, None)
+    if start is not None:  # the default makereport, after this one, copies the properties
+        item.user_properties.append((CPU_PROPERTY, round(_cpu_now() - start, 2)))
+
+
+@dataclass
+class CpuLedger:
+    """The controller's sum of the CPU seconds its tests reported, by group and module."""
+
+    by_group: Counter[str] = field(default_factory=Counter)
+    by_module: Counter[str] = field(default_factory=Counter)
+
+    def add(self, nodeid: str, cpu_s: float) -> None:
+        test, _, group = nodeid.partition("@")
+        self.by_group[group if group in JVM_GROUPS else "python"] += cpu_s
+        self.by_module[test.split("::", 1)[0]] += cpu_s
+
+    def report(self, wall_s: float) -> list[str]:
+        total = sum(self.by_group.values())
+        if not total:
+            return []
+        groups = ", ".join(f"{g} {s:,.0f}" for g, s in self.by_group.most_common())
+        heavy = ", ".join(f"{m} {s:,.0f}" for m, s in self.by_module.most_common(8))
+        return [
+            f"CPU: {total:,.0f} s in tests ({groups}), {wall_s:,.0f} s wall on "
+            f"{os.cpu_count()} cores; heaviest modules: {heavy}"
+        ]
+
+
+_LEDGER = pytest.StashKey[CpuLedger]()
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    ledger = _ledger
+    if ledger is None or report.when != "teardown":
+        return
+    for key, value in report.user_properties:
+        if key == CPU_PROPERTY:
+            ledger.add(report.nodeid, float(value))
+
+
 def pytest_runtest_logstart(nodeid: str, location: tuple[str, int | None, str]) -> None:
     sampler = _current
     if sampler is not None:
@@ -241,6 +310,10 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         return
     for line in sampler.report():
         terminalreporter.write_line(line)
+    ledger = terminalreporter.config.stash.get(_LEDGER, None)
+    if ledger is not None:
+        for line in ledger.report(time.monotonic() - sampler.started):
+            terminalreporter.write_line(line)
     waits = terminalreporter.config.stash.get(_WAITS, None)
     if waits is not None:
         for line in _waits_report(waits):
@@ -306,6 +379,8 @@ class JvmSampler:
     #: JVMs that appeared while no test of the jvm group was running: kind -> tests
     strays: dict[str, list[str]] = field(default_factory=dict)
     _seen: set[int] = field(default_factory=set)
+    #: when the run started (monotonic seconds)
+    started: float = field(default_factory=time.monotonic)
 
     def start(self) -> None:
         global _current
@@ -372,3 +447,5 @@ class JvmSampler:
 _SAMPLER = pytest.StashKey[JvmSampler]()
 #: the controller's sampler, for the log hooks (they get no config)
 _current: JvmSampler | None = None
+#: the controller's CPU ledger, for the report hook (it gets no config)
+_ledger: CpuLedger | None = None
