@@ -251,6 +251,8 @@ class CpuLedger:
 
     by_group: Counter[str] = field(default_factory=Counter)
     by_module: Counter[str] = field(default_factory=Counter)
+    #: the host's busy and total CPU seconds at the start (``/proc/stat``), if readable
+    host_start: tuple[float, float] | None = field(default_factory=lambda: _host_cpu())
 
     def add(self, nodeid: str, cpu_s: float) -> None:
         test, _, group = nodeid.partition("@")
@@ -263,10 +265,32 @@ class CpuLedger:
             return []
         groups = ", ".join(f"{g} {s:,.0f}" for g, s in self.by_group.most_common())
         heavy = ", ".join(f"{m} {s:,.0f}" for m, s in self.by_module.most_common(8))
-        return [
+        lines = [
             f"CPU: {total:,.0f} s in tests ({groups}), {wall_s:,.0f} s wall on "
             f"{os.cpu_count()} cores; heaviest modules: {heavy}"
         ]
+        now = _host_cpu()
+        if self.host_start is not None and now is not None:
+            busy, all_ = now[0] - self.host_start[0], now[1] - self.host_start[1]
+            lines.append(
+                f"  the host's CPU over the run: {busy:,.0f} s busy of {all_:,.0f} "
+                f"({busy / max(all_, 1e-9):.0%}; everything on the host, processes no test "
+                "waited for included, which the sums above miss)"
+            )
+        return lines
+
+
+def _host_cpu() -> tuple[float, float] | None:
+    """The host's busy and total CPU seconds since boot (``/proc/stat``'s cpu line)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle and iowait
+    total = sum(fields[:8])  # guest time is counted in user already
+    return (total - idle) / tick, total / tick
 
 
 _LEDGER = pytest.StashKey[CpuLedger]()
