@@ -108,7 +108,23 @@ def spark_slot() -> Iterator[None]:
         try:
             yield
         finally:
+            _wait_for_drivers_gone(DRIVER_EXIT_S)
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+#: how long the slot's holder waits, on release, for the drivers it started to exit: a
+#: bound against a hang, not a speed goal
+DRIVER_EXIT_S = 120.0
+
+
+def _wait_for_drivers_gone(timeout: float) -> None:
+    """Wait until no Spark driver JVM is alive on the host (the slot's holder started any
+    there is). A driver whose Python parent exits without waiting for it (a script's
+    session: PySpark's gateway JVM ends on its own once its stdin closes) was seen still
+    alive, on a host with a busy core, when the next holder's Connect server started."""
+    deadline = time.monotonic() + timeout
+    while "spark-driver" in _jvms().values() and time.monotonic() < deadline:
+        time.sleep(0.2)
 
 
 #: the file where a run's workers note their waits for the Spark slot (set by the controller)
